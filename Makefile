@@ -1,0 +1,48 @@
+# The README's commands. `make run` starts Cairn on its embedded defaults; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8000
+
+.PHONY: run test unit integration e2e lint bench browser clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/chainlit run app.py --headless --host 127.0.0.1 --port $(PORT)
+
+# Debian's Chromium (browsers cannot be downloaded by Playwright here).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy app.py auth graphs ui
+
+test: $(STAMP) browser lint
+	$(BIN)/python -m pytest tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+e2e: $(STAMP) browser
+	$(BIN)/python -m pytest tests/e2e
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.ttft
+
+clean:
+	rm -rf $(VENV) .data .files .pytest_cache .mypy_cache .ruff_cache

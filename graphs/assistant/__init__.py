@@ -1,0 +1,1 @@
+"""Assistant agent: personal assistant with long-term memory."""

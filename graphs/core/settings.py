@@ -1,0 +1,143 @@
+"""Cairn's one settings object: read from CAIRN_* environment variables (and .env), validated at start-up."""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+ModelRole = Literal["chat", "planner", "executor", "researcher", "critic", "memory_writer"]
+
+
+class Settings(BaseSettings):
+    """Every knob the app reads. Unsafe combinations are refused, not warned about."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CAIRN_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    production: bool = False
+    """Production mode: refuses the bundled login, generated secrets and wildcard origins."""
+
+    public_url: str | None = None
+    """Address users open in their browser; OAuth redirects are built from it.
+    Unset: http://localhost:<port the app listens on>."""
+
+    data_dir: Path = PROJECT_ROOT / ".data"
+    """Folder for the embedded Postgres, the generated auth secret and signing keys."""
+
+    database_url: SecretStr | None = None
+    """Postgres 15+ with pgvector. Unset: a private embedded Postgres in data_dir."""
+
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+
+    # Models: any OpenAI-compatible Chat Completions server. No key -> offline model.
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("CAIRN_OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("CAIRN_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+    )
+    model_chat: str = "gpt-4.1-mini"
+    model_planner: str = "gpt-4.1"
+    model_executor: str = "gpt-4.1-mini"
+    model_researcher: str = "gpt-4.1-mini"
+    model_critic: str = "gpt-4.1"
+    model_memory_writer: str = "gpt-4.1-mini"
+    model_timeout_s: float = 60.0
+    model_max_retries: int = 2
+
+    # Embeddings.
+    embedding_provider: Literal["local", "openai"] = "local"
+    """local: all-MiniLM-L6-v2 on the CPU (384 dims); openai: the embeddings endpoint."""
+    embedding_model: str = "text-embedding-3-small"
+    """Model name when embedding_provider is openai."""
+    embedding_dims: int = 1536
+    """Dimensions when embedding_provider is openai."""
+
+    # Auth and sessions.
+    auth_secret: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CAIRN_AUTH_SECRET", "CHAINLIT_AUTH_SECRET"),
+    )
+    """Signs session JWTs. Generated and kept in data_dir for local use; required in production."""
+    session_hours: int = Field(default=8, ge=1, le=24 * 30)
+    """How long a login lasts."""
+    allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Origins allowed to call the app (comma separated). Empty: public_url only."""
+    local_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Seeded accounts for the bundled login, 'name:password' comma separated."""
+    local_signup: bool = True
+    """Whether the bundled login offers account creation."""
+
+    # Input limits.
+    max_message_chars: int = Field(default=8000, ge=1)
+    max_upload_mb: int = Field(default=5, ge=1, le=100)
+    upload_mime_types: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["text/plain", "text/markdown", "text/csv"]
+    )
+
+    @field_validator("allow_origins", "local_users", "upload_mime_types", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if not self.production:
+            return self
+        problems = []
+        if self.auth_secret is None or len(self.auth_secret.get_secret_value()) < 32:
+            problems.append("CAIRN_AUTH_SECRET (32+ characters) is required")
+        if "*" in self.allow_origins:
+            problems.append("CAIRN_ALLOW_ORIGINS must not contain '*'")
+        if self.database_url is None:
+            problems.append("CAIRN_DATABASE_URL is required (no embedded Postgres in production)")
+        if self.local_users:
+            problems.append("CAIRN_LOCAL_USERS is for local use only")
+        if not (self.public_url or "").startswith("https://"):
+            problems.append("CAIRN_PUBLIC_URL must be https")
+        if problems:
+            msg = "Unsafe production settings: " + "; ".join(problems)
+            raise ValueError(msg)
+        return self
+
+    @property
+    def offline(self) -> bool:
+        """True when no model key is configured and the deterministic offline model is used."""
+        return self.openai_api_key is None
+
+    def base_url(self, port: int) -> str:
+        """The public address, defaulting to localhost on the port the app listens on."""
+        return (self.public_url or f"http://localhost:{port}").rstrip("/")
+
+    def origins(self, port: int) -> list[str]:
+        return self.allow_origins or [self.base_url(port)]
+
+    def model_name(self, role: ModelRole) -> str:
+        return str(getattr(self, f"model_{role}"))
+
+    def ensure_auth_secret(self) -> str:
+        """The session-signing secret: configured, or generated once and kept in data_dir."""
+        if self.auth_secret is not None:
+            return self.auth_secret.get_secret_value()
+        path = self.data_dir / "auth_secret"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(48))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

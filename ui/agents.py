@@ -1,0 +1,54 @@
+"""The chat profiles and the graph behind each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from graphs.assistant.graph import build_graph as build_assistant
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+@dataclass(frozen=True)
+class Agent:
+    key: str
+    """Stable name stored with each thread (cairn_threads.agent)."""
+    profile: str
+    """Chainlit chat profile name shown to users."""
+    description: str
+    build: Callable[..., Any] | None
+    """build_graph(*, checkpointer, store, model=None); None while the agent is not built yet."""
+    reply_node: str = "assistant"
+    """The node whose tokens are streamed as the reply."""
+
+
+AGENTS: tuple[Agent, ...] = (
+    Agent(
+        key="assistant",
+        profile="Assistant",
+        description="A personal assistant that remembers you across conversations.",
+        build=build_assistant,
+    ),
+    Agent(
+        key="research",
+        profile="Research",
+        description="Deep research with sources you can check (coming soon).",
+        build=None,
+    ),
+    Agent(
+        key="planner",
+        profile="Planner",
+        description="Plans work, asks for your approval, then executes it (coming soon).",
+        build=None,
+    ),
+)
+
+
+def agent_for_profile(profile: str | None) -> Agent:
+    return next((a for a in AGENTS if a.profile == profile), AGENTS[0])
+
+
+def agent_by_key(key: str) -> Agent:
+    return next((a for a in AGENTS if a.key == key), AGENTS[0])

@@ -1,0 +1,112 @@
+"""Chainlit handlers: chat profiles, messages, resume and buttons, each checked against the session user."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import chainlit as cl
+from langchain_core.messages import HumanMessage
+from langgraph.errors import GraphRecursionError
+
+from auth.identity import flag_client_identity, session_user_id
+from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owner
+from graphs.core.context import Context
+from graphs.core.models import offline_notice
+from ui.actions import ActionRejected, RetryPayload, parse_payload
+from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
+from ui.input import InputRejected, check_message, compose
+from ui.runtime import get_runtime
+from ui.streaming import run_turn
+
+log = logging.getLogger("cairn")
+
+
+async def chat_profiles(user: cl.User | None = None) -> list[cl.ChatProfile]:
+    return [
+        cl.ChatProfile(name=agent.profile, markdown_description=agent.description, default=i == 0)
+        for i, agent in enumerate(AGENTS)
+    ]
+
+
+async def start_chat() -> None:
+    runtime = get_runtime()
+    if notice := offline_notice(runtime.settings):
+        await cl.Message(content=notice, author="Cairn").send()
+
+
+async def resume_chat(thread: dict[str, Any]) -> None:
+    """Chainlit already checked its own record; the LangGraph thread is checked here too."""
+    runtime = get_runtime()
+    try:
+        await require_owner(runtime.pool, thread_id=thread["id"], user_id=session_user_id())
+    except ThreadNotFound:
+        await cl.ErrorMessage(content=NOT_FOUND).send()
+
+
+async def handle_message(message: cl.Message) -> None:
+    runtime = get_runtime()
+    user_id = session_user_id()
+    flag_client_identity(message.metadata, where="message metadata", user_id=user_id)
+    try:
+        attachments = check_message(message.content, message.elements or [], runtime.settings)
+    except InputRejected as exc:
+        await message.remove()
+        await cl.ErrorMessage(content=str(exc)).send()
+        return
+    thread_id = cl.context.session.thread_id
+    agent = agent_for_profile(cl.user_session.get("chat_profile"))
+    try:
+        await claim_thread(runtime.pool, thread_id=thread_id, user_id=user_id, agent=agent.key)
+        # A thread keeps the agent it was started with, whatever profile the client reports.
+        agent = agent_by_key(await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id))
+    except ThreadNotFound:
+        await cl.ErrorMessage(content=NOT_FOUND).send()
+        return
+    inputs = {"messages": [HumanMessage(compose(message.content, attachments), id=message.id)]}
+    await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+
+
+async def retry_turn(action: cl.Action) -> None:
+    runtime = get_runtime()
+    user_id = session_user_id()
+    thread_id = cl.context.session.thread_id
+    flag_client_identity(action.payload, where="retry action", user_id=user_id)
+    try:
+        parse_payload(RetryPayload, action, thread_id=thread_id)
+        agent = agent_by_key(await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id))
+    except ActionRejected as exc:
+        await cl.ErrorMessage(content=str(exc)).send()
+        return
+    except ThreadNotFound:
+        await cl.ErrorMessage(content=NOT_FOUND).send()
+        return
+    await action.remove()
+    # None resumes the thread from its last checkpoint: the failed node runs again.
+    await _run(agent, None, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+
+
+async def _run(agent: Agent, inputs: dict[str, Any] | None, context: Context) -> None:
+    graph = get_runtime().graphs.get(agent.key)
+    if graph is None:
+        await cl.Message(
+            content=f"The {agent.profile} agent is not available yet. Switch to the Assistant "
+            "profile at the top of the chat to talk to Cairn.",
+            author="Cairn",
+        ).send()
+        return
+    try:
+        await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
+    except GraphRecursionError:
+        await cl.Message(
+            content="I went round in circles on that one and stopped. Could you rephrase or "
+            "break the request into smaller parts?"
+        ).send()
+    except Exception:
+        log.exception("turn failed (thread %s)", context.thread_id)
+        await cl.ErrorMessage(
+            content="The model did not answer. Your message is saved; press Retry to try again.",
+            actions=[
+                cl.Action(name="retry", label="Retry", payload={"thread_id": context.thread_id})
+            ],
+        ).send()

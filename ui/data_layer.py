@@ -1,0 +1,95 @@
+"""Chainlit's conversation store on the app's shared psycopg pool, with thread owners that never change."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from chainlit.data.chainlit_data_layer import ChainlitDataLayer
+from fastapi import HTTPException
+from psycopg.rows import dict_row
+from psycopg.types.string import TextLoader
+
+from auth.ownership import NOT_FOUND
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("cairn.security")
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+class PostgresDataLayer(ChainlitDataLayer):
+    """Chainlit's own Postgres data layer, run through psycopg instead of a second asyncpg pool.
+
+    Its SQL uses asyncpg's `$n` placeholders with parameters passed in order; they are
+    rewritten to psycopg's named style. JSON columns come back as text, as asyncpg returns them.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        super().__init__(database_url="")
+        self._pool = pool
+
+    async def connect(self) -> None:
+        """The shared pool is opened by the app at start-up."""
+
+    async def execute_query(
+        self, query: str, params: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        args: dict[str, Any] | None = None
+        if params:
+            values = list(params.values())
+            args = {f"p{i + 1}": value for i, value in enumerate(values)}
+            query = _PLACEHOLDER.sub(r"%(p\1)s", query.replace("%", "%%"))
+        async with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            cur.adapters.register_loader("jsonb", TextLoader)
+            cur.adapters.register_loader("json", TextLoader)
+            await cur.execute(query, args)  # type: ignore[arg-type]
+            if cur.description is None:
+                return []
+            return await cur.fetchall()
+
+    async def get_thread_author(self, thread_id: str) -> str:
+        rows = await self.execute_query(
+            'SELECT u.identifier FROM "Thread" t JOIN "User" u ON t."userId" = u.id '
+            'WHERE t.id = $1 AND t."deletedAt" IS NULL',
+            {"thread_id": thread_id},
+        )
+        return str(rows[0]["identifier"]) if rows else ""
+
+    async def update_thread(
+        self,
+        thread_id: str,
+        name: str | None = None,
+        user_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        # Chainlit upserts "userId" on every call; an existing owner must never be replaced.
+        if user_id is not None:
+            rows = await self.execute_query(
+                'SELECT "userId" FROM "Thread" WHERE id = $1', {"thread_id": thread_id}
+            )
+            if rows and rows[0]["userId"] not in (None, user_id):
+                log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
+                return
+        await super().update_thread(thread_id, name, user_id, metadata, tags)
+
+    async def close(self) -> None:
+        """The pool belongs to the app, which closes it on shutdown."""
+
+
+async def require_thread_author(username: str, thread_id: str) -> bool:
+    """Replacement for chainlit.data.acl.is_thread_author: unknown and foreign threads get one answer."""
+    from chainlit.data import get_data_layer
+
+    data_layer = get_data_layer()
+    author = await data_layer.get_thread_author(thread_id) if data_layer else ""
+    if not author or author != username:
+        if author:
+            log.warning("refused: %s asked for thread %s of another user", username, thread_id)
+        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    return True

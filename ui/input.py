@@ -1,0 +1,66 @@
+"""Checks on what users send, before anything is stored or run."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphs.core.settings import Settings
+
+TEXT_MIME_PATTERNS = ("text/*",)
+
+
+class InputRejected(ValueError):
+    """A message or upload the app refuses; the text is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    name: str
+    text: str
+
+
+def check_message(content: str, elements: list[Any], settings: Settings) -> list[Attachment]:
+    """Refuse empty, oversize or disallowed input; returns the readable attachments."""
+    text = content.strip()
+    if not text and not elements:
+        msg = "Your message is empty. Type something and send it again."
+        raise InputRejected(msg)
+    if len(content) > settings.max_message_chars:
+        msg = (
+            f"Your message is {len(content):,} characters long; the limit is "
+            f"{settings.max_message_chars:,}. Shorten it or attach it as a text file."
+        )
+        raise InputRejected(msg)
+    return [_read_attachment(element, settings) for element in elements]
+
+
+def _read_attachment(element: Any, settings: Settings) -> Attachment:
+    name = str(getattr(element, "name", "file"))
+    mime = str(getattr(element, "mime", "") or "")
+    if not any(fnmatch.fnmatch(mime, pattern) for pattern in settings.upload_mime_types):
+        msg = f"{name}: files of type {mime or 'unknown'} are not accepted here."
+        raise InputRejected(msg)
+    path = getattr(element, "path", None)
+    size = Path(path).stat().st_size if path else len(getattr(element, "content", b"") or b"")
+    if size > settings.max_upload_mb * 1024 * 1024:
+        msg = f"{name} is larger than the {settings.max_upload_mb} MB limit."
+        raise InputRejected(msg)
+    raw = Path(path).read_bytes() if path else bytes(getattr(element, "content", b"") or b"")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = f"{name} is not UTF-8 text."
+        raise InputRejected(msg) from None
+    return Attachment(name=name, text=text[: settings.max_message_chars])
+
+
+def compose(content: str, attachments: list[Attachment]) -> str:
+    """The user's text followed by each attachment, clearly delimited."""
+    parts = [content.strip()]
+    for attachment in attachments:
+        parts.append(f'<attachment name="{attachment.name}">\n{attachment.text}\n</attachment>')
+    return "\n\n".join(part for part in parts if part)

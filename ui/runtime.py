@@ -1,0 +1,144 @@
+"""Start-up: settings applied to Chainlit, the shared pool, the bundled login, and compiled graphs."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chainlit.config import config as chainlit_config
+from fastapi import APIRouter, FastAPI
+
+from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
+from auth.local_oidc import build_local_oidc_router
+from auth.oauth import register_local_provider
+from graphs.core.persistence import (
+    Persistence,
+    make_pool,
+    open_persistence,
+    start_embedded_postgres,
+)
+from graphs.core.settings import Settings, get_settings
+from ui.agents import AGENTS
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("cairn")
+
+
+@dataclass
+class AppRuntime:
+    """What the handlers need; built once per worker process."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    public_url: str
+    accounts: LocalAccounts | None
+    persistence: Persistence | None = None
+    graphs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def started(self) -> bool:
+        return self.persistence is not None
+
+
+_runtime: AppRuntime | None = None
+
+
+def get_runtime() -> AppRuntime:
+    if _runtime is None or not _runtime.started:
+        msg = "Cairn is still starting"
+        raise RuntimeError(msg)
+    return _runtime
+
+
+def prepare(app: FastAPI) -> AppRuntime:
+    """Synchronous part of start-up, run when Chainlit loads app.py (before it serves)."""
+    global _runtime
+    settings = get_settings()
+    port = int(chainlit_config.run.port)
+    public_url = settings.base_url(port)
+    auth_secret = settings.ensure_auth_secret()
+    os.environ["CHAINLIT_AUTH_SECRET"] = auth_secret
+    os.environ["CHAINLIT_URL"] = public_url
+    _apply_chainlit_settings(settings, port)
+
+    url = (
+        settings.database_url.get_secret_value()
+        if settings.database_url is not None
+        else start_embedded_postgres(settings.data_dir)
+    )
+    pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    accounts = None
+    provider = register_local_provider(
+        settings,
+        public_url=public_url,
+        internal_url=f"http://127.0.0.1:{port}",
+        auth_secret=auth_secret,
+    )
+    if provider is not None:
+        accounts = LocalAccounts(pool)
+        router = build_local_oidc_router(
+            accounts=accounts,
+            pool=pool,
+            issuer=f"{public_url}/local-oidc",
+            client_id=provider.client_id,
+            client_secret=provider.client_secret,
+            signing_key_path=settings.data_dir / "local_oidc_key.json",
+            allow_signup=settings.local_signup,
+        )
+        mount_before_catch_all(app, router)
+    _runtime = AppRuntime(settings=settings, pool=pool, public_url=public_url, accounts=accounts)
+    return _runtime
+
+
+async def start() -> None:
+    """Async part of start-up (Chainlit's on_app_startup): schema, setup(), graphs."""
+    runtime = _runtime
+    if runtime is None:
+        msg = "prepare() must run before start()"
+        raise RuntimeError(msg)
+    persistence = await open_persistence(
+        runtime.settings,
+        pool=runtime.pool,
+        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL)],
+    )
+    if runtime.accounts is not None and runtime.settings.local_users:
+        await runtime.accounts.seed(runtime.settings.local_users)
+    warm_up = getattr(persistence.embedding.embeddings, "warm_up", None)
+    if warm_up is not None:
+        await warm_up()
+    runtime.graphs = {
+        agent.key: agent.build(checkpointer=persistence.checkpointer, store=persistence.store)
+        for agent in AGENTS
+        if agent.build is not None
+    }
+    runtime.persistence = persistence
+    log.info("Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline)
+
+
+async def stop() -> None:
+    if _runtime is not None and _runtime.persistence is not None:
+        await _runtime.persistence.close()
+
+
+def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:
+    """Chainlit ends its routes with a catch-all GET; routes added later must go in front of it."""
+    before = len(app.router.routes)
+    app.include_router(router)
+    added = app.router.routes[before:]
+    del app.router.routes[before:]
+    app.router.routes[0:0] = added
+
+
+def _apply_chainlit_settings(settings: Settings, port: int) -> None:
+    project = chainlit_config.project
+    # Mutated in place: Chainlit's CORS middleware holds this very list.
+    project.allow_origins[:] = settings.origins(port)
+    project.user_session_timeout = settings.session_hours * 3600
+    upload = chainlit_config.features.spontaneous_file_upload
+    if upload is not None:
+        upload.accept = list(settings.upload_mime_types)
+        upload.max_size_mb = settings.max_upload_mb

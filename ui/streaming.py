@@ -1,0 +1,74 @@
+"""Runs one graph turn for Chainlit: reply tokens streamed, each node shown as a step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import chainlit as cl
+from langchain_core.messages import AIMessageChunk
+
+if TYPE_CHECKING:
+    from langgraph.graph.state import CompiledStateGraph
+
+    from graphs.core.context import Context
+
+log = logging.getLogger("cairn.turns")
+
+# What users read while a node runs; nodes not listed show their own name.
+STEP_LABELS = {
+    "assistant": "Thinking",
+    "recall_memories": "Recalling memories",
+    "tools": "Using tools",
+}
+
+
+def _text_of(chunk: AIMessageChunk) -> str:
+    if isinstance(chunk.content, str):
+        return chunk.content
+    return "".join(
+        part.get("text", "") for part in chunk.content if isinstance(part, dict)
+    )
+
+
+async def run_turn(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    inputs: dict[str, Any] | None,
+    *,
+    context: Context,
+    reply_node: str,
+    recursion_limit: int = 25,
+) -> cl.Message:
+    """Stream a run: `messages` tokens from reply_node into one message, `tasks` as steps."""
+    config = {"configurable": {"thread_id": context.thread_id}, "recursion_limit": recursion_limit}
+    reply = cl.Message(content="")
+    steps: dict[str, cl.Step] = {}
+    started = time.perf_counter()
+    first_token_at: float | None = None
+    async for mode, chunk in graph.astream(
+        inputs, config, context=context, stream_mode=["messages", "tasks"]
+    ):
+        if mode == "messages":
+            token, meta = chunk
+            if meta.get("langgraph_node") != reply_node or not isinstance(token, AIMessageChunk):
+                continue
+            if text := _text_of(token):
+                first_token_at = first_token_at or time.perf_counter()
+                await reply.stream_token(text)
+        elif "result" not in chunk and "error" not in chunk:
+            step = cl.Step(name=STEP_LABELS.get(chunk["name"], chunk["name"]), type="run")
+            steps[chunk["id"]] = step
+            await step.send()
+        elif step := steps.pop(chunk["id"], None):
+            step.is_error = bool(chunk.get("error"))
+            step.output = "failed" if step.is_error else "done"
+            await step.update()
+    await reply.send()
+    log.info(
+        "turn thread=%s first_token_ms=%s total_ms=%.1f",
+        context.thread_id,
+        f"{(first_token_at - started) * 1000:.1f}" if first_token_at else "-",
+        (time.perf_counter() - started) * 1000,
+    )
+    return reply
