@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from psycopg.rows import dict_row
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
+    from graphs.core.persistence import Pool
 
 LOCAL_AUTH_DDL = """
 CREATE TABLE IF NOT EXISTS local_accounts (
@@ -100,10 +100,13 @@ class AccountStore(Protocol):
     async def by_subject(self, subject: str) -> AccountRecord | None: ...
 
 
+_SELECT_ACCOUNT = "SELECT username, subject, password_hash, display_name FROM local_accounts"
+
+
 class PgAccountStore:
     """Account rows in the `local_accounts` table."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
     async def insert(self, record: AccountRecord) -> bool:
@@ -116,17 +119,12 @@ class PgAccountStore:
             return await cur.fetchone() is not None
 
     async def by_username(self, username: str) -> AccountRecord | None:
-        return await self._fetch_one("username", username)
+        return await self._fetch_one(f"{_SELECT_ACCOUNT} WHERE username = %s", username)
 
     async def by_subject(self, subject: str) -> AccountRecord | None:
-        return await self._fetch_one("subject", subject)
+        return await self._fetch_one(f"{_SELECT_ACCOUNT} WHERE subject = %s", subject)
 
-    async def _fetch_one(self, column: str, value: str) -> AccountRecord | None:
-        # `column` is one of two literals above, never user input.
-        query = (
-            "SELECT username, subject, password_hash, display_name"
-            f" FROM local_accounts WHERE {column} = %s"
-        )
+    async def _fetch_one(self, query: str, value: str) -> AccountRecord | None:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query, (value,))
             row = await cur.fetchone()
@@ -170,9 +168,7 @@ def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int) -> 
 class LocalAccounts:
     """Create, verify and look up local accounts."""
 
-    def __init__(
-        self, pool: AsyncConnectionPool | None = None, *, store: AccountStore | None = None
-    ) -> None:
+    def __init__(self, pool: Pool | None = None, *, store: AccountStore | None = None) -> None:
         # The app passes the pool; unit tests pass an in-memory `store` instead.
         if store is None:
             if pool is None:

@@ -4,6 +4,7 @@ import base64
 import hashlib
 import hmac
 import html
+import json
 import os
 import re
 import secrets
@@ -23,13 +24,13 @@ from joserfc.errors import JoseError
 from joserfc.jwk import RSAKey
 from joserfc.jwt import JWTClaimsRegistry
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from auth.local_accounts import Account, AccountError, LocalAccounts
+from graphs.core.persistence import Pool
 
 ROUTER_PREFIX = "/local-oidc"
-CODE_TTL_SECONDS = 600
+CODE_TTL_SECONDS = 60
 TOKEN_TTL_SECONDS = 300
 SUPPORTED_SCOPES = ("openid", "profile", "email")
 # The code table has no scope column, so every access token carries the full (small) set.
@@ -39,7 +40,8 @@ MAX_REDIRECT_URI_LENGTH = 2048
 CSRF_COOKIE = "cairn_local_oidc_csrf"
 CSRF_COOKIE_MAX_AGE = 3600
 _ALGORITHM = "RS256"
-_ACCESS_TOKEN_TYPE = "at+jwt"
+_CLAIMS_SUPPORTED = ["sub", "iss", "nonce", "name", "preferred_username", "email"]
+_ACCESS_JWT_TYPE = "at+jwt"
 _CSRF_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
 _CALLBACK_PATH = re.compile(r"(/[^/?#]+)*/auth/oauth/[A-Za-z0-9_-]+/callback")
 
@@ -67,7 +69,7 @@ class CodeStore(Protocol):
 class PgCodeStore:
     """Codes in Postgres, so whichever app worker gets the token request can redeem them."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
     async def save(self, code_hash: str, grant: CodeGrant, ttl_seconds: int) -> None:
@@ -80,8 +82,14 @@ class PgCodeStore:
                 "INSERT INTO local_oidc_codes"
                 " (code_hash, subject, client_id, redirect_uri, nonce, expires_at)"
                 " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s))",
-                (code_hash, grant.subject, grant.client_id, grant.redirect_uri, grant.nonce,
-                 ttl_seconds),
+                (
+                    code_hash,
+                    grant.subject,
+                    grant.client_id,
+                    grant.redirect_uri,
+                    grant.nonce,
+                    ttl_seconds,
+                ),
             )
 
     async def redeem(self, code_hash: str) -> CodeGrant | None:
@@ -150,13 +158,14 @@ class FailedLoginLimiter:
 
 
 def load_or_create_signing_key(path: Path) -> RSAKey:
-    """Load the RSA signing key from `path`, creating it (mode 0600) on first start."""
+    """Load the RSA signing key from `path` (JWK JSON or PEM), creating it (0600) on first start."""
     if not path.exists():
         _create_key_file(path)
     if path.stat().st_mode & 0o077:
         msg = f"Signing key {path} is readable by other users; run: chmod 600 {path}"
         raise PermissionError(msg)
-    key = RSAKey.import_key(path.read_bytes())
+    raw = path.read_bytes()
+    key = RSAKey.import_key(json.loads(raw) if raw.lstrip().startswith(b"{") else raw)
     if not key.is_private:
         msg = f"Signing key {path} holds no private key"
         raise ValueError(msg)
@@ -165,11 +174,16 @@ def load_or_create_signing_key(path: Path) -> RSAKey:
 
 def _create_key_file(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    pem = RSAKey.generate_key(2048, private=True).as_pem(private=True)
+    key = RSAKey.generate_key(2048, private=True)
+    # A private JWK for `.json` paths, PEM otherwise; loading accepts either.
+    if path.suffix == ".json":
+        content = json.dumps(key.as_dict(private=True)).encode()
+    else:
+        content = key.as_pem(private=True)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
     try:
         with os.fdopen(fd, "wb") as temp_file:
-            temp_file.write(pem)
+            temp_file.write(content)
         # link() never overwrites: when workers start together, the first key wins and
         # nobody reads a half-written file.
         os.link(temp_name, path)
@@ -412,8 +426,7 @@ class _Provider:
             "id_token_signing_alg_values_supported": [_ALGORITHM],
             "scopes_supported": list(SUPPORTED_SCOPES),
             "token_endpoint_auth_methods_supported": ["client_secret_post", "client_secret_basic"],
-            "claims_supported": ["sub", "iss", "aud", "exp", "iat", "nonce", "name",
-                                 "preferred_username", "email"],
+            "claims_supported": _CLAIMS_SUPPORTED,
         }
 
     async def jwks(self) -> dict[str, Any]:
@@ -427,9 +440,7 @@ class _Provider:
             return HTMLResponse(render_error_page(problem), 400, headers=_PAGE_HEADERS)
         return self._login_page(request, params, status=200)
 
-    async def submit_login(
-        self, request: Request, form: Annotated[LoginForm, Form()]
-    ) -> Response:
+    async def submit_login(self, request: Request, form: Annotated[LoginForm, Form()]) -> Response:
         if problem := self._request_problem(form):
             return HTMLResponse(render_error_page(problem), 400, headers=_PAGE_HEADERS)
         try:
@@ -588,22 +599,30 @@ class _Provider:
             "iat": now,
             "exp": now + TOKEN_TTL_SECONDS,
         }
-        access_claims = {**common, "scope": GRANTED_SCOPE, "client_id": self._client_id,
-                         "jti": secrets.token_urlsafe(16)}
-        id_claims = {**common, "auth_time": now, "preferred_username": account.username,
-                     "name": account.display_name or account.username}
+        access_claims = {
+            **common,
+            "scope": GRANTED_SCOPE,
+            "client_id": self._client_id,
+            "jti": secrets.token_urlsafe(16),
+        }
+        id_claims = {
+            **common,
+            "auth_time": now,
+            "preferred_username": account.username,
+            "name": account.display_name or account.username,
+        }
         if grant.nonce:
             id_claims["nonce"] = grant.nonce
         return {
-            "access_token": self._sign(access_claims, token_type=_ACCESS_TOKEN_TYPE),
+            "access_token": self._sign(access_claims, jwt_type=_ACCESS_JWT_TYPE),
             "token_type": "Bearer",
             "expires_in": TOKEN_TTL_SECONDS,
-            "id_token": self._sign(id_claims, token_type="JWT"),
+            "id_token": self._sign(id_claims, jwt_type="JWT"),
             "scope": GRANTED_SCOPE,
         }
 
-    def _sign(self, claims: dict[str, Any], *, token_type: str) -> str:
-        header = {"alg": _ALGORITHM, "kid": self._kid, "typ": token_type}
+    def _sign(self, claims: dict[str, Any], *, jwt_type: str) -> str:
+        header = {"alg": _ALGORITHM, "kid": self._kid, "typ": jwt_type}
         return jwt.encode(header, claims, self._key, algorithms=[_ALGORITHM])
 
     def _verified_subject(self, token: str) -> str | None:
@@ -623,7 +642,7 @@ class _Provider:
         except (JoseError, ValueError):
             return None
         # An id_token is signed by the same key; only access tokens may read userinfo.
-        if decoded.header.get("typ") != _ACCESS_TOKEN_TYPE:
+        if decoded.header.get("typ") != _ACCESS_JWT_TYPE:
             return None
         return str(decoded.claims["sub"])
 
@@ -665,7 +684,7 @@ def _check_issuer(issuer: str) -> str:
 def build_local_oidc_router(
     *,
     accounts: LocalAccounts,
-    pool: AsyncConnectionPool | None,
+    pool: Pool | None,
     issuer: str,
     client_id: str,
     client_secret: str,

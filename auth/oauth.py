@@ -31,9 +31,7 @@ async def oauth_callback(
     id_token: str | None = None,
 ) -> User | None:
     """Chainlit's hook after a provider verified the login: build the session user."""
-    subject = next(
-        (str(raw_user_data[f]) for f in _SUBJECT_FIELDS if raw_user_data.get(f)), None
-    )
+    subject = next((str(raw_user_data[f]) for f in _SUBJECT_FIELDS if raw_user_data.get(f)), None)
     if subject is None:
         log.warning("login refused: provider %s returned no subject", provider_id)
         return None
@@ -56,7 +54,7 @@ class LocalOIDCProvider(GenericOAuthProvider):
     """Chainlit's generic OAuth client pointed at the app's bundled OpenID Connect provider."""
 
     id = LOCAL_PROVIDER_ID
-    env: list[str] = []
+    env = []  # noqa: RUF012 (the base class declares it as a plain attribute)
 
     def __init__(self, *, public_issuer: str, internal_issuer: str, client_secret: str) -> None:
         self.client_id = LOCAL_CLIENT_ID
@@ -74,9 +72,7 @@ class LocalOIDCProvider(GenericOAuthProvider):
 
 
 def real_providers_configured() -> bool:
-    return any(
-        p.is_configured() for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID
-    )
+    return any(p.is_configured() for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID)
 
 
 def local_client_secret(auth_secret: str) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fastapi import HTTPException
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
+    from graphs.core.persistence import Pool
 
 log = logging.getLogger("cairn.security")
 
@@ -22,9 +22,7 @@ class ThreadNotFound(LookupError):
         super().__init__(NOT_FOUND)
 
 
-async def claim_thread(
-    pool: AsyncConnectionPool, *, thread_id: str, user_id: str, agent: str
-) -> None:
+async def claim_thread(pool: Pool, *, thread_id: str, user_id: str, agent: str) -> None:
     """Record user_id as the owner of a new thread, or check they own an existing one."""
     async with pool.connection() as conn:
         cur = await conn.execute(
@@ -39,7 +37,7 @@ async def claim_thread(
         raise ThreadNotFound
 
 
-async def require_owner(pool: AsyncConnectionPool, *, thread_id: str, user_id: str) -> str:
+async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> str:
     """Check user_id owns thread_id; returns the thread's agent. Unknown and foreign look alike."""
     async with pool.connection() as conn:
         cur = await conn.execute(
@@ -53,7 +51,7 @@ async def require_owner(pool: AsyncConnectionPool, *, thread_id: str, user_id: s
     return str(row["agent"])
 
 
-async def owned_thread_ids(pool: AsyncConnectionPool, *, user_id: str) -> list[str]:
+async def owned_thread_ids(pool: Pool, *, user_id: str) -> list[str]:
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT thread_id FROM cairn_threads WHERE owner_id = %s ORDER BY created_at",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import tempfile
@@ -54,7 +53,12 @@ def database_url(pg_server_url: str) -> str:
 @pytest.fixture(scope="session")
 def embedding():
     """The real local MiniLM embedding spec, loaded once per session."""
-    from graphs.core.embeddings import LOCAL_MODEL_DIMS, LOCAL_MODEL_NAME, EmbeddingSpec, LocalMiniLM
+    from graphs.core.embeddings import (
+        LOCAL_MODEL_DIMS,
+        LOCAL_MODEL_NAME,
+        EmbeddingSpec,
+        LocalMiniLM,
+    )
 
     return EmbeddingSpec(f"local:{LOCAL_MODEL_NAME}", LOCAL_MODEL_DIMS, LocalMiniLM())
 
@@ -75,8 +79,3 @@ async def persistence(database_url: str, embedding) -> AsyncIterator:
     )
     yield p
     await p.close()
-
-
-@pytest.fixture(scope="session")
-def event_loop_policy():
-    return asyncio.DefaultEventLoopPolicy()

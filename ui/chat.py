@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import chainlit as cl
+from chainlit.types import ThreadDict
 from langchain_core.messages import HumanMessage
 from langgraph.errors import GraphRecursionError
 
@@ -35,13 +36,13 @@ async def start_chat() -> None:
         await cl.Message(content=notice, author="Cairn").send()
 
 
-async def resume_chat(thread: dict[str, Any]) -> None:
+async def resume_chat(thread: ThreadDict) -> None:
     """Chainlit already checked its own record; the LangGraph thread is checked here too."""
     runtime = get_runtime()
     try:
         await require_owner(runtime.pool, thread_id=thread["id"], user_id=session_user_id())
     except ThreadNotFound:
-        await cl.ErrorMessage(content=NOT_FOUND).send()
+        await refuse(NOT_FOUND)
 
 
 async def handle_message(message: cl.Message) -> None:
@@ -51,20 +52,30 @@ async def handle_message(message: cl.Message) -> None:
     try:
         attachments = check_message(message.content, message.elements or [], runtime.settings)
     except InputRejected as exc:
+        # The refused message leaves no trace: not in Chainlit's history, not in the checkpoint.
         await message.remove()
-        await cl.ErrorMessage(content=str(exc)).send()
+        await refuse(str(exc))
         return
     thread_id = cl.context.session.thread_id
     agent = agent_for_profile(cl.user_session.get("chat_profile"))
     try:
         await claim_thread(runtime.pool, thread_id=thread_id, user_id=user_id, agent=agent.key)
         # A thread keeps the agent it was started with, whatever profile the client reports.
-        agent = agent_by_key(await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id))
+        agent = agent_by_key(
+            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+        )
     except ThreadNotFound:
-        await cl.ErrorMessage(content=NOT_FOUND).send()
+        await refuse(NOT_FOUND)
         return
     inputs = {"messages": [HumanMessage(compose(message.content, attachments), id=message.id)]}
     await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+
+
+async def refuse(text: str) -> None:
+    """An error shown at the top level of the conversation (never nested under a removed step)."""
+    error = cl.ErrorMessage(content=text)
+    error.parent_id = None
+    await error.send()
 
 
 async def retry_turn(action: cl.Action) -> None:
@@ -74,12 +85,14 @@ async def retry_turn(action: cl.Action) -> None:
     flag_client_identity(action.payload, where="retry action", user_id=user_id)
     try:
         parse_payload(RetryPayload, action, thread_id=thread_id)
-        agent = agent_by_key(await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id))
+        agent = agent_by_key(
+            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+        )
     except ActionRejected as exc:
-        await cl.ErrorMessage(content=str(exc)).send()
+        await refuse(str(exc))
         return
     except ThreadNotFound:
-        await cl.ErrorMessage(content=NOT_FOUND).send()
+        await refuse(NOT_FOUND)
         return
     await action.remove()
     # None resumes the thread from its last checkpoint: the failed node runs again.
@@ -104,7 +117,8 @@ async def _run(agent: Agent, inputs: dict[str, Any] | None, context: Context) ->
         ).send()
     except Exception:
         log.exception("turn failed (thread %s)", context.thread_id)
-        await cl.ErrorMessage(
+        await cl.Message(
+            author="Cairn",
             content="The model did not answer. Your message is saved; press Retry to try again.",
             actions=[
                 cl.Action(name="retry", label="Retry", payload={"thread_id": context.thread_id})

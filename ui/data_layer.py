@@ -14,7 +14,7 @@ from psycopg.types.string import TextLoader
 from auth.ownership import NOT_FOUND
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
+    from graphs.core.persistence import Pool
 
 log = logging.getLogger("cairn.security")
 
@@ -28,7 +28,7 @@ class PostgresDataLayer(ChainlitDataLayer):
     rewritten to psycopg's named style. JSON columns come back as text, as asyncpg returns them.
     """
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         super().__init__(database_url="")
         self._pool = pool
 

@@ -23,7 +23,7 @@ from graphs.core.settings import Settings, get_settings
 from ui.agents import AGENTS
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
+    from graphs.core.persistence import Pool
 
 log = logging.getLogger("cairn")
 
@@ -33,7 +33,7 @@ class AppRuntime:
     """What the handlers need; built once per worker process."""
 
     settings: Settings
-    pool: AsyncConnectionPool
+    pool: Pool
     public_url: str
     accounts: LocalAccounts | None
     persistence: Persistence | None = None
@@ -116,7 +116,9 @@ async def start() -> None:
         if agent.build is not None
     }
     runtime.persistence = persistence
-    log.info("Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline)
+    log.info(
+        "Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline
+    )
 
 
 async def stop() -> None:

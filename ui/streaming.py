@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import chainlit as cl
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
+    from langgraph.types import StreamMode
 
     from graphs.core.context import Context
 
 log = logging.getLogger("cairn.turns")
+
+STREAM_MODES: list[StreamMode] = ["messages", "tasks"]
 
 # What users read while a node runs; nodes not listed show their own name.
 STEP_LABELS = {
@@ -27,9 +33,7 @@ STEP_LABELS = {
 def _text_of(chunk: AIMessageChunk) -> str:
     if isinstance(chunk.content, str):
         return chunk.content
-    return "".join(
-        part.get("text", "") for part in chunk.content if isinstance(part, dict)
-    )
+    return "".join(part.get("text", "") for part in chunk.content if isinstance(part, dict))
 
 
 async def run_turn(
@@ -41,29 +45,37 @@ async def run_turn(
     recursion_limit: int = 25,
 ) -> cl.Message:
     """Stream a run: `messages` tokens from reply_node into one message, `tasks` as steps."""
-    config = {"configurable": {"thread_id": context.thread_id}, "recursion_limit": recursion_limit}
-    reply = cl.Message(content="")
+    config: RunnableConfig = {
+        "configurable": {"thread_id": context.thread_id},
+        "recursion_limit": recursion_limit,
+    }
+    # Created at the first token so it sorts after the steps that led to it.
+    reply: cl.Message | None = None
     steps: dict[str, cl.Step] = {}
     started = time.perf_counter()
     first_token_at: float | None = None
-    async for mode, chunk in graph.astream(
-        inputs, config, context=context, stream_mode=["messages", "tasks"]
-    ):
+    stream = graph.astream(inputs, config, context=context, stream_mode=STREAM_MODES)
+    async for mode, chunk in cast("AsyncIterator[tuple[str, Any]]", stream):
         if mode == "messages":
             token, meta = chunk
             if meta.get("langgraph_node") != reply_node or not isinstance(token, AIMessageChunk):
                 continue
             if text := _text_of(token):
-                first_token_at = first_token_at or time.perf_counter()
+                if reply is None:
+                    first_token_at = time.perf_counter()
+                    reply = cl.Message(content="")
                 await reply.stream_token(text)
         elif "result" not in chunk and "error" not in chunk:
             step = cl.Step(name=STEP_LABELS.get(chunk["name"], chunk["name"]), type="run")
             steps[chunk["id"]] = step
             await step.send()
-        elif step := steps.pop(chunk["id"], None):
+        elif (step := steps.pop(chunk["id"], None)) is not None:  # type: ignore[arg-type]
             step.is_error = bool(chunk.get("error"))
             step.output = "failed" if step.is_error else "done"
             await step.update()
+    if reply is None:
+        # A model that does not stream still leaves its answer in the checkpoint.
+        reply = cl.Message(content=await _final_text(graph, config))
     await reply.send()
     log.info(
         "turn thread=%s first_token_ms=%s total_ms=%.1f",
@@ -72,3 +84,10 @@ async def run_turn(
         (time.perf_counter() - started) * 1000,
     )
     return reply
+
+
+async def _final_text(graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig) -> str:
+    state = await graph.aget_state(config)
+    messages = state.values.get("messages") or []
+    last = messages[-1] if messages else None
+    return str(last.text) if isinstance(last, AIMessage) else "(no reply)"

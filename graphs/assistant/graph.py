@@ -34,7 +34,7 @@ def build_graph(
         window = trim_messages(
             state["messages"],
             max_tokens=MODEL_WINDOW_TOKENS,
-            token_counter="approximate",
+            token_counter="approximate",  # noqa: S106 (not a password)
             strategy="last",
             start_on="human",
             include_system=False,

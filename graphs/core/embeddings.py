@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.embeddings import Embeddings
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
-
+    from graphs.core.persistence import Pool
     from graphs.core.settings import Settings
 
 LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -82,11 +81,13 @@ def build_embeddings(settings: Settings) -> EmbeddingSpec:
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url,
         )
-        return EmbeddingSpec(f"openai:{settings.embedding_model}", settings.embedding_dims, embeddings)
+        return EmbeddingSpec(
+            f"openai:{settings.embedding_model}", settings.embedding_dims, embeddings
+        )
     return EmbeddingSpec(f"local:{LOCAL_MODEL_NAME}", LOCAL_MODEL_DIMS, LocalMiniLM())
 
 
-async def check_embedding_record(pool: AsyncConnectionPool, spec: EmbeddingSpec) -> None:
+async def check_embedding_record(pool: Pool, spec: EmbeddingSpec) -> None:
     """Record the embedding model on first start; refuse to start if it changed since."""
     record = {"name": spec.name, "dims": spec.dims}
     async with pool.connection() as conn:

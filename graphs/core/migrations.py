@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
+    from graphs.core.persistence import Pool
 
 # Any number; it only has to be the same for every worker starting against one database.
 _MIGRATION_LOCK_ID = 7_246_021
@@ -105,7 +105,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 
 
-async def migrate(pool: AsyncConnectionPool, extra: list[tuple[str, str]] | None = None) -> list[str]:
+async def migrate(pool: Pool, extra: list[tuple[str, str]] | None = None) -> list[str]:
     """Apply pending migrations under an advisory lock; returns the names applied now."""
     applied_now: list[str] = []
     async with pool.connection() as conn, conn.transaction():

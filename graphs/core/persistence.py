@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.store.postgres.aio import AsyncPostgresStore
-from psycopg.rows import dict_row
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from graphs.core.embeddings import EmbeddingSpec, build_embeddings, check_embedding_record
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 
 log = logging.getLogger(__name__)
+
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+"""The one pool type of the app: autocommit connections returning dict rows."""
 
 
 def start_embedded_postgres(data_dir: Path, *, throwaway: bool = False) -> str:
@@ -46,7 +50,7 @@ async def database_url(settings: Settings) -> str:
     return await asyncio.to_thread(start_embedded_postgres, settings.data_dir)
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> AsyncConnectionPool:
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
     """A pool whose connections suit the saver and the store (autocommit, dict rows).
 
     `check` tests a connection before lending it, so a Postgres restart costs nothing but
@@ -54,6 +58,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> AsyncConnec
     """
     return AsyncConnectionPool(
         url,
+        connection_class=AsyncConnection[DictRow],
         min_size=min_size,
         max_size=max_size,
         open=False,
@@ -66,7 +71,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> AsyncConnec
 class Persistence:
     """Everything durable, shared by the graphs, the UI's data layer and background jobs."""
 
-    pool: AsyncConnectionPool
+    pool: Pool
     checkpointer: AsyncPostgresSaver
     store: AsyncPostgresStore
     embedding: EmbeddingSpec
@@ -78,7 +83,7 @@ class Persistence:
 async def open_persistence(
     settings: Settings,
     *,
-    pool: AsyncConnectionPool | None = None,
+    pool: Pool | None = None,
     embedding: EmbeddingSpec | None = None,
     extra_migrations: list[tuple[str, str]] | None = None,
 ) -> Persistence:

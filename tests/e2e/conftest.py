@@ -65,7 +65,16 @@ class AppServer:
         self.log_path = self.data_dir / f"server-{int(time.time() * 1000)}.log"
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "chainlit",
+                "run",
+                "app.py",
+                "--headless",
+                "--port",
+                str(self.port),
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -115,7 +124,9 @@ def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)")
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)"
+        )
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
@@ -133,4 +144,10 @@ def login(browser, server: AppServer, username: str):
     page.get_by_label("Password").fill(USERS[username])
     page.get_by_role("button", name="Sign in").click()
     page.locator("#chat-input").wait_for()
+    wait_until_connected(page)
     return page
+
+
+def wait_until_connected(page) -> None:
+    """The session is live once on_chat_start has spoken (the app runs the offline model here)."""
+    page.get_by_text("offline stand-in model").last.wait_for()

@@ -92,7 +92,9 @@ class Harness:
     clock: FakeClock
 
 
-def make_harness(tmp_path: Path, *, allow_signup: bool = True) -> Harness:
+def make_harness(
+    tmp_path: Path, *, allow_signup: bool = True, key_file: str = "local-oidc.pem"
+) -> Harness:
     clock = FakeClock()
     account_store = InMemoryAccountStore()
     accounts = LocalAccounts(store=account_store)
@@ -103,7 +105,7 @@ def make_harness(tmp_path: Path, *, allow_signup: bool = True) -> Harness:
         issuer=ISSUER,
         client_id=CLIENT_ID,
         client_secret=CLIENT_SECRET,
-        signing_key_path=tmp_path / "keys" / "local-oidc.pem",
+        signing_key_path=tmp_path / "keys" / key_file,
         allow_signup=allow_signup,
         code_store=codes,
         clock=clock,
@@ -202,7 +204,8 @@ def test_login_page_is_labelled_and_titled(harness: Harness) -> None:
     assert 'name="mode" value="signup">Create account</button>' in response.text
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
     cookie = response.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=lax" in cookie
+    assert "httponly" in cookie
+    assert "samesite=lax" in cookie
 
 
 def test_full_code_flow_reaches_userinfo(harness: Harness) -> None:
@@ -460,15 +463,28 @@ def test_signup_is_refused_when_disabled(tmp_path: Path) -> None:
     assert "carol" not in harness.account_store.records
 
 
-def test_signing_key_is_private_and_reused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("file_name", ["local-oidc.pem", "local_oidc_key.json"])
+def test_signing_key_is_private_and_reused(tmp_path: Path, file_name: str) -> None:
     kids = {
-        make_harness(tmp_path).client.get("/local-oidc/jwks").json()["keys"][0]["kid"]
+        make_harness(tmp_path, key_file=file_name)
+        .client.get("/local-oidc/jwks")
+        .json()["keys"][0]["kid"]
         for _ in range(2)
     }
-    key_file = tmp_path / "keys" / "local-oidc.pem"
+    key_path = tmp_path / "keys" / file_name
 
     assert len(kids) == 1
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    assert [p.name for p in key_path.parent.iterdir()] == [file_name]
+
+
+def test_readable_signing_key_is_refused(tmp_path: Path) -> None:
+    make_harness(tmp_path)
+    key_path = tmp_path / "keys" / "local-oidc.pem"
+    key_path.chmod(0o644)
+
+    with pytest.raises(PermissionError):
+        make_harness(tmp_path)
 
 
 async def test_password_hashes_are_salted_and_verify() -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import START, MessagesState, StateGraph
@@ -48,9 +49,9 @@ def _offline_settings() -> Settings:
     return Settings(_env_file=None, openai_api_key=None)
 
 
-def _tool_loop(model: object) -> object:
+def _tool_loop(model: Runnable[Any, Any]) -> Any:
     def call_model(state: MessagesState) -> dict[str, list[AIMessage]]:
-        return {"messages": [model.invoke(state["messages"])]}  # type: ignore[attr-defined]
+        return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
     builder.add_node(call_model)
@@ -90,7 +91,7 @@ async def test_astream_yields_words_that_add_up_to_the_reply() -> None:
 async def test_graph_message_stream_gets_tokens_and_runs_a_tool() -> None:
     graph = _tool_loop(OfflineChatModel().bind_tools([add]))
     chunks = []
-    async for message, _ in graph.astream(  # type: ignore[attr-defined]
+    async for message, _ in graph.astream(
         {"messages": [HumanMessage('/tool add {"a": 2, "b": 3}')]}, stream_mode="messages"
     ):
         chunks.append(message)
@@ -248,7 +249,7 @@ def test_scripted_fake_streams_tool_calls_and_pops_structured_outputs() -> None:
     fake = ScriptedChatModel(
         [AIMessage("", tool_calls=[call]), AIMessage("It is 2.")], structured=[step]
     )
-    result = _tool_loop(fake.bind_tools([add])).invoke({"messages": [HumanMessage("1+1?")]})  # type: ignore[attr-defined]
+    result = _tool_loop(fake.bind_tools([add])).invoke({"messages": [HumanMessage("1+1?")]})
     assert [m.content for m in result["messages"]][-2:] == ["2", "It is 2."]
     assert isinstance(fake.seen[-1][-1], ToolMessage)
     assert fake.with_structured_output(Step).invoke("plan") is step

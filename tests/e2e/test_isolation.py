@@ -1,0 +1,61 @@
+"""In real Chromium: a second user can neither see nor open the first user's conversation."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import login
+
+pytestmark = pytest.mark.e2e
+
+THREAD_URL = re.compile(r".*/thread/([0-9a-f-]{36})$")
+
+
+def _cookies(page) -> dict[str, str]:
+    return {c["name"]: c["value"] for c in page.context.cookies()}
+
+
+def test_second_user_cannot_see_or_open_first_users_conversation(app_server, browser):
+    alice = login(browser, app_server, "alice")
+    alice.locator("#chat-input").fill("alice private canary 7731")
+    alice.keyboard.press("Enter")
+    expect(alice.get_by_text("You said: alice private canary 7731")).to_be_visible()
+    alice.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(alice.url).group(1)
+
+    bob = login(browser, app_server, "bob")
+    # Not in the sidebar.
+    bob.wait_for_timeout(1000)
+    expect(bob.get_by_text("alice private canary 7731")).to_have_count(0)
+
+    # Not by its URL.
+    bob.goto(f"{app_server.url}/thread/{thread_id}")
+    bob.wait_for_timeout(2000)
+    expect(bob.get_by_text("alice private canary 7731")).to_have_count(0)
+
+    # Not through Chainlit's thread API: a foreign thread looks exactly like a missing one.
+    with httpx.Client(base_url=app_server.url, cookies=_cookies(bob)) as api:
+        foreign = api.get(f"/project/thread/{thread_id}")
+        missing = api.get("/project/thread/00000000-0000-4000-8000-000000000000")
+        assert foreign.status_code == missing.status_code == 404
+        assert foreign.json() == missing.json()
+        listed = api.post("/project/threads", json={"pagination": {"first": 50}, "filter": {}})
+        assert listed.status_code == 200
+        assert thread_id not in listed.text
+        deleted = api.request("DELETE", "/project/thread", json={"threadId": thread_id})
+        assert deleted.status_code == 404
+        renamed = api.put("/project/thread", json={"threadId": thread_id, "name": "pwned"})
+        assert renamed.status_code == 404
+
+    # Alice still has it, untouched.
+    with httpx.Client(base_url=app_server.url, cookies=_cookies(alice)) as api:
+        mine = api.get(f"/project/thread/{thread_id}")
+        assert mine.status_code == 200
+        assert "alice private canary 7731" in mine.text
+        assert mine.json()["name"] != "pwned"
+    alice.context.close()
+    bob.context.close()
