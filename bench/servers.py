@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 180
@@ -43,6 +44,8 @@ class Server:
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    postgres_dir: Path | None = None
+    """Where the app's embedded Postgres keeps its data, to count that server's CPU too."""
 
     @property
     def url(self) -> str:
@@ -50,6 +53,34 @@ class Server:
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time used so far by (the Chainlit process, the embedded Postgres and its backends)."""
+        return _tree_cpu(self.process.pid), _tree_cpu(_postmaster_pid(self.postgres_dir))
+
+
+def _postmaster_pid(postgres_dir: Path | None) -> int | None:
+    if postgres_dir is None or not (postgres_dir / "postmaster.pid").exists():
+        return None
+    return int((postgres_dir / "postmaster.pid").read_text().split()[0])
+
+
+def _tree_cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # a backend that exited is not counted
+        total += times.user + times.system
+    return total
 
 
 def free_port() -> int:
@@ -72,6 +103,7 @@ def running(
     env: dict[str, str] | None = None,
     port: int | None = None,
     settle_s: float = 0.0,
+    postgres_dir: Path | None = None,
 ) -> Iterator[Server]:
     """A ready server for the duration of the block; its process group is killed on exit."""
     port = port or free_port()
@@ -85,7 +117,7 @@ def running(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = Server(name=name, port=port, process=process, log_path=log_path)
+    server = Server(name, port, process, log_path, postgres_dir)
     try:
         wait_until_ready(server)
         time.sleep(settle_s)

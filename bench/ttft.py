@@ -4,72 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import re
 import shutil
-import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.chat_client import ChatSession, Turn, TurnFailed
 from bench.login import sign_in
+from bench.report import Benchmark, Run, Scenario, Stats, render, to_json
 from bench.servers import ROOT, Server, free_port, running, stop_embedded_postgres
 
 RESULTS_DIR = ROOT / "bench" / "results"
 WARMUP_TURNS = 5
 TARGET_ADDED_MS = 15.0
 CONCURRENT_SESSIONS = 20
-CHAT_PROFILE = "Assistant"
-APP_SETTLE_S = 2.0
-"""Extra wait after the app answers /auth/config, for its pool and first queries to settle."""
-_SERVER_TURN_LOG = re.compile(r"first_token_ms=([\d.]+) total_ms=([\d.]+)")
-
-
-@dataclass(frozen=True)
-class Scenario:
-    key: str
-    label: str
-    sessions: int
-    turns: int
-    """Measured turns per session, after WARMUP_TURNS discarded ones."""
-
-
 SCENARIOS = (
     Scenario("single", "1 session x 200 turns", sessions=1, turns=200),
     Scenario("concurrent", f"{CONCURRENT_SESSIONS} sessions x 20 turns", CONCURRENT_SESSIONS, 20),
 )
-
-
-@dataclass(frozen=True)
-class Stats:
-    n: int
-    p50: float
-    p95: float
-    mean: float
-    max: float
-
-    @classmethod
-    def of(cls, samples: list[float]) -> Stats | None:
-        if len(samples) < 2:
-            return None
-        cuts = statistics.quantiles(samples, n=100, method="inclusive")
-        return cls(len(samples), cuts[49], cuts[94], statistics.fmean(samples), max(samples))
-
-
-@dataclass
-class Run:
-    """One scenario against one server."""
-
-    ttft: Stats | None
-    total: Stats | None
-    errors: list[str] = field(default_factory=list)
-    ttft_in_order: list[float] = field(default_factory=list)
-    """Session 0's measured TTFTs in turn order, to see drift as the thread grows."""
-    server_first_token: Stats | None = None
-    """The app's own log: run_turn start to first token (its `first_token_ms`)."""
+CHAT_PROFILE = "Assistant"
+APP_SETTLE_S = 2.0
+"""Extra wait after the app answers /auth/config, for its pool and first queries to settle."""
+_SERVER_TURN_LOG = re.compile(r"first_token_ms=([\d.]+) total_ms=([\d.]+)")
 
 
 def expected_reply(text: str) -> str:
@@ -83,7 +39,7 @@ def local_users(count: int) -> dict[str, str]:
 async def open_sessions(
     server: Server, count: int, users: dict[str, str] | None
 ) -> list[ChatSession]:
-    """One signed-in tab per session; each session signs in as its own user."""
+    """One browser tab per session; with `users`, each tab signs in as its own user."""
     if users:
         names = list(users)[:count]
         cookies = await asyncio.gather(*(sign_in(server.url, n, users[n]) for n in names))
@@ -110,38 +66,42 @@ async def play(session: ChatSession, turns: range, tag: str, errors: list[str]) 
     return done
 
 
+async def play_all(
+    server: Server, sessions: list[ChatSession], turns: range, tag: str, errors: list[str]
+) -> list[list[Turn]]:
+    """All sessions at once, each one turn after another."""
+    return await asyncio.gather(
+        *(play(s, turns, f"{server.name} {tag} s{i}", errors) for i, s in enumerate(sessions))
+    )
+
+
 async def run_scenario(server: Server, scenario: Scenario, users: dict[str, str] | None) -> Run:
     sessions = await open_sessions(server, scenario.sessions, users)
     errors: list[str] = []
     try:
-        warm = range(WARMUP_TURNS)
-        await asyncio.gather(
-            *(
-                play(s, warm, f"{server.name} {scenario.key} s{i} warm-up", errors)
-                for i, s in enumerate(sessions)
-            )
-        )
+        await play_all(server, sessions, range(WARMUP_TURNS), f"{scenario.key} warm-up", errors)
         log_offset = server.log_path.stat().st_size
+        cpu_before = server.cpu_seconds()
         measured = range(WARMUP_TURNS, WARMUP_TURNS + scenario.turns)
-        per_session = await asyncio.gather(
-            *(
-                play(s, measured, f"{server.name} {scenario.key} s{i}", errors)
-                for i, s in enumerate(sessions)
-            )
-        )
+        per_session = await play_all(server, sessions, measured, scenario.key, errors)
+        cpu_after = server.cpu_seconds()
     finally:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
     turns = [turn for session_turns in per_session for turn in session_turns]
+    count = max(len(turns), 1)
     return Run(
         ttft=Stats.of([t.ttft_ms for t in turns]),
         total=Stats.of([t.total_ms for t in turns]),
         errors=errors,
         ttft_in_order=[t.ttft_ms for t in per_session[0]],
         server_first_token=Stats.of(server_first_tokens(server, log_offset)),
+        cpu_ms_per_turn=1000 * (cpu_after[0] - cpu_before[0]) / count,
+        postgres_cpu_ms_per_turn=1000 * (cpu_after[1] - cpu_before[1]) / count,
     )
 
 
 def server_first_tokens(server: Server, offset: int) -> list[float]:
+    """The app logs its own run_turn timings; the bare handler logs none."""
     with server.log_path.open("rb") as log:
         log.seek(offset)
         text = log.read().decode(errors="replace")
@@ -170,7 +130,13 @@ def measure_app(log_dir: Path) -> dict[str, Run]:
     }
     try:
         with running(
-            "app", "app.py", log_dir=log_dir, env=env, port=port, settle_s=APP_SETTLE_S
+            "app",
+            "app.py",
+            log_dir=log_dir,
+            env=env,
+            port=port,
+            settle_s=APP_SETTLE_S,
+            postgres_dir=data_dir / "postgres",
         ) as server:
             return asyncio.run(run_all(server, users=users))
     finally:
@@ -178,144 +144,18 @@ def measure_app(log_dir: Path) -> dict[str, Run]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """App against bare for one scenario and one metric, at the medians."""
-
-    ratio_p50: float
-    added_p50_ms: float
-    added_p95_ms: float
-
-    @classmethod
-    def of(cls, bare: Stats | None, app: Stats | None) -> Comparison | None:
-        if bare is None or app is None:
-            return None
-        return cls(app.p50 / bare.p50, app.p50 - bare.p50, app.p95 - bare.p95)
-
-
-def target_met(bare: dict[str, Run], app: dict[str, Run]) -> tuple[bool, float] | None:
-    single = Comparison.of(bare["single"].ttft, app["single"].ttft)
-    return None if single is None else (single.added_p50_ms <= TARGET_ADDED_MS, single.added_p50_ms)
-
-
-def table(title: str, metric: str, bare: dict[str, Run], app: dict[str, Run]) -> list[str]:
-    header = (
-        f"{'scenario':<26}{'bare p50':>9}{'bare p95':>9}{'app p50':>9}{'app p95':>9}"
-        f"{'ratio p50':>11}{'added p50':>11}"
-    )
-    lines = [title, header, "-" * len(header)]
-    for scenario in SCENARIOS:
-        b, a = getattr(bare[scenario.key], metric), getattr(app[scenario.key], metric)
-        lines.append(f"{scenario.label:<26}{_cells(b)}{_cells(a)}{_comparison_cells(b, a)}")
-    return lines
-
-
-def _cells(stats: Stats | None) -> str:
-    return f"{stats.p50:>9.1f}{stats.p95:>9.1f}" if stats else f"{'-':>9}{'-':>9}"
-
-
-def _comparison_cells(bare: Stats | None, app: Stats | None) -> str:
-    cmp = Comparison.of(bare, app)
-    if cmp is None:
-        return f"{'-':>11}{'-':>11}"
-    return f"{cmp.ratio_p50:>10.1f}x{cmp.added_p50_ms:>+11.1f}"
-
-
-def notes(bare: dict[str, Run], app: dict[str, Run]) -> list[str]:
-    lines = []
-    verdict = target_met(bare, app)
-    if verdict is not None:
-        met, added = verdict
-        lines.append(
-            f"Target: app adds <= {TARGET_ADDED_MS:.0f} ms p50 over bare with one session: "
-            f"{'MET' if met else 'MISSED'} ({added:+.1f} ms)"
-        )
-    drift = _drift(app["single"].ttft_in_order)
-    if drift:
-        lines.append(f"App TTFT drift in the 200-turn thread: p50 {drift}")
-    for key, run in app.items():
-        if run.server_first_token and run.ttft:
-            lines.append(
-                f"App {key}: run_turn start -> first token (server log) p50 "
-                f"{run.server_first_token.p50:.1f} ms of {run.ttft.p50:.1f} ms TTFT"
-            )
-    return lines
-
-
-def _drift(samples: list[float], window: int = 50) -> str:
-    if len(samples) < 2 * window:
-        return ""
-    first, last = samples[:window], samples[-window:]
-    return (
-        f"{statistics.median(first):.1f} ms over turns 1-{window}, "
-        f"{statistics.median(last):.1f} ms over the last {window}"
-    )
-
-
-def error_lines(runs: dict[str, dict[str, Run]]) -> list[str]:
-    lines = []
-    for server, by_scenario in runs.items():
-        for key, run in by_scenario.items():
-            if run.errors:
-                lines.append(f"ERRORS {server} {key}: {len(run.errors)} failed turns, e.g.:")
-                lines.extend(f"  {error}" for error in run.errors[:5])
-    return lines
-
-
-def report(bare: dict[str, Run], app: dict[str, Run]) -> str:
-    lines = [
-        f"Cairn TTFT benchmark: offline model, {os.cpu_count()} CPUs, "
-        f"{WARMUP_TURNS} warm-up turns per session discarded",
-        "",
-        *table("Time to first streamed token (ms)", "ttft", bare, app),
-        "",
-        *table("Whole turn, message sent -> task_end (ms)", "total", bare, app),
-        "",
-        *notes(bare, app),
-        *error_lines({"bare": bare, "app": app}),
-    ]
-    return "\n".join(lines)
-
-
-def results_json(bare: dict[str, Run], app: dict[str, Run]) -> dict[str, object]:
-    verdict = target_met(bare, app)
-    scenarios = {}
-    for scenario in SCENARIOS:
-        b, a = bare[scenario.key], app[scenario.key]
-        scenarios[scenario.key] = {
-            "label": scenario.label,
-            "sessions": scenario.sessions,
-            "measured_turns_per_session": scenario.turns,
-            "bare": asdict(b),
-            "app": asdict(a),
-            "ttft": asdict(cmp) if (cmp := Comparison.of(b.ttft, a.ttft)) else None,
-            "total": asdict(cmp) if (cmp := Comparison.of(b.total, a.total)) else None,
-        }
-    return {
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "warmup_turns_per_session": WARMUP_TURNS,
-        "unit": "ms",
-        "target": {
-            "added_p50_ms_max": TARGET_ADDED_MS,
-            "scenario": "single",
-            "met": verdict[0] if verdict else None,
-        },
-        "scenarios": scenarios,
-    }
-
-
 def main() -> None:
     log_dir = RESULTS_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     print("Measuring the bare Chainlit handler ...", flush=True)
     bare = measure_bare(log_dir)
-    print("Measuring the full app (first start loads the embedding model) ...", flush=True)
+    print("Measuring the full app (its first start loads the embedding model) ...", flush=True)
     app = measure_app(log_dir)
+    bench = Benchmark(SCENARIOS, bare, app, WARMUP_TURNS, TARGET_ADDED_MS)
     print()
-    print(report(bare, app))
+    print(render(bench))
     out = RESULTS_DIR / "ttft.json"
-    out.write_text(json.dumps(results_json(bare, app), indent=2) + "\n")
+    out.write_text(json.dumps(to_json(bench), indent=2) + "\n")
     print(f"\nFigures: {out.relative_to(ROOT)}; server logs: {log_dir.relative_to(ROOT)}/")
 
 

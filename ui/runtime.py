@@ -21,6 +21,7 @@ from graphs.core.persistence import (
 )
 from graphs.core.settings import Settings, get_settings
 from ui.agents import AGENTS
+from ui.limits import UploadSizeLimit
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -64,6 +65,7 @@ def prepare(app: FastAPI) -> AppRuntime:
     os.environ["CHAINLIT_AUTH_SECRET"] = auth_secret
     os.environ["CHAINLIT_URL"] = public_url
     _apply_chainlit_settings(settings, port)
+    app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
 
     url = (
         settings.database_url.get_secret_value()
