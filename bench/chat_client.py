@@ -15,7 +15,7 @@ import socketio
 SOCKET_PATH = "/ws/socket.io"
 TURN_TIMEOUT_S = 10.0
 CHAT_START_WAIT_S = 1.0
-_WATCHED_EVENTS = ("task_start", "task_end", "stream_start", "stream_token", "new_message")
+_WATCHED_EVENTS = ("task_start", "task_end", "stream_start", "new_message")
 
 
 class TurnFailed(RuntimeError):
@@ -38,6 +38,24 @@ class _Event:
     name: str
     data: Any
     at: float
+
+
+@dataclass
+class _TurnProgress:
+    """What one turn has shown so far: the reply's first token, then its final text."""
+
+    first_token_at: float | None = None
+    reply_id: str | None = None
+    reply: str | None = None
+    ended_at: float = 0.0
+
+    def see(self, event: _Event) -> None:
+        if event.name == "stream_start" and self.reply_id is None and _is_reply(event.data):
+            self.first_token_at, self.reply_id = event.at, event.data["id"]
+        elif (
+            event.name == "new_message" and self.reply_id and event.data.get("id") == self.reply_id
+        ):
+            self.reply = str(event.data.get("output", ""))
 
 
 class ChatSession:
@@ -98,30 +116,36 @@ class ChatSession:
         self._discard_pending()
         started = time.perf_counter()
         await self._sio.emit("client_message", _user_message(text))
-        deadline = started + TURN_TIMEOUT_S
-        first_token_at: float | None = None
-        reply_id = reply = None
-        open_tasks = 0  # the message's task ends when every task_start has its task_end
+        progress = _TurnProgress()
+        try:
+            await self._follow(progress, deadline=started + TURN_TIMEOUT_S)
+        except TurnFailed:
+            seen = "after its first token" if progress.first_token_at else "before any token"
+            msg = f"timed out after {TURN_TIMEOUT_S:.0f} s, {seen}"
+            raise TurnFailed(msg) from None
+        if progress.first_token_at is None or progress.reply is None:
+            msg = f"the task ended without a streamed reply (reply: {progress.reply!r})"
+            raise TurnFailed(msg)
+        return Turn(
+            ttft_ms=(progress.first_token_at - started) * 1000,
+            total_ms=(progress.ended_at - started) * 1000,
+            reply=progress.reply,
+        )
+
+    async def _follow(self, progress: _TurnProgress, *, deadline: float) -> None:
+        """Read events until the message's task ends: every task_start has had its task_end."""
+        open_tasks = 0
         while True:
             event = await self._next_event(*_WATCHED_EVENTS, deadline=deadline)
-            if event.name == "stream_start" and _is_reply(event.data) and reply_id is None:
-                first_token_at, reply_id = event.at, event.data["id"]
-            elif event.name == "new_message" and reply_id and event.data.get("id") == reply_id:
-                reply = str(event.data.get("output", ""))
-            elif event.name == "task_start":
+            if event.name == "task_start":
                 open_tasks += 1
             elif event.name == "task_end" and open_tasks:
                 open_tasks -= 1
                 if not open_tasks:
-                    break
-        if first_token_at is None or reply is None:
-            msg = f"turn {text!r} ended without a streamed reply (got {reply!r})"
-            raise TurnFailed(msg)
-        return Turn(
-            ttft_ms=(first_token_at - started) * 1000,
-            total_ms=(event.at - started) * 1000,
-            reply=reply,
-        )
+                    progress.ended_at = event.at
+                    return
+            else:
+                progress.see(event)
 
     async def _next_event(self, *names: str, deadline: float) -> _Event:
         while True:
@@ -129,7 +153,7 @@ class ChatSession:
             try:
                 event = await asyncio.wait_for(self._events.get(), max(remaining, 0))
             except TimeoutError:
-                msg = f"no {'/'.join(names)} within {TURN_TIMEOUT_S:.0f} s"
+                msg = f"no {'/'.join(names)} event before the deadline"
                 raise TurnFailed(msg) from None
             if event.name in names:
                 return event

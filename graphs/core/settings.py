@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
+CHAINLIT_CI_PLACEHOLDER_KEY = "sk-FAKE-OPENAI-API-KEY"
+
 ModelRole = Literal["chat", "planner", "executor", "researcher", "critic", "memory_writer"]
 
 
@@ -83,6 +85,12 @@ class Settings(BaseSettings):
     upload_mime_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["text/plain", "text/markdown", "text/csv"]
     )
+
+    @field_validator("openai_api_key", mode="before")
+    @classmethod
+    def _ignore_placeholder_key(cls, value: object) -> object:
+        # `chainlit run` with CI=true exports this fake key; it must not switch off offline mode.
+        return None if value == CHAINLIT_CI_PLACEHOLDER_KEY else value
 
     @field_validator("allow_origins", "local_users", "upload_mime_types", mode="before")
     @classmethod

@@ -62,6 +62,8 @@ class AppServer:
             "CAIRN_PUBLIC_URL": self.url,
         }
         env.pop("OPENAI_API_KEY", None)
+        # Chainlit's CI mode exports a fake OpenAI key; the app must still pick the offline model.
+        env["CI"] = "true"
         self.log_path = self.data_dir / f"server-{int(time.time() * 1000)}.log"
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(

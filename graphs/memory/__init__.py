@@ -1,0 +1,1 @@
+"""Long-term memory: scoped store access, write policy, tombstones and background jobs."""

@@ -1,0 +1,217 @@
+"""Chainlit's conversation store on the shared pool: owners never change, strangers get a plain 404."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import chainlit.data
+import pytest
+from chainlit.context import init_http_context
+from chainlit.types import Pagination, ThreadFilter
+from chainlit.user import PersistedUser, User
+from fastapi import HTTPException
+
+from auth.ownership import NOT_FOUND
+from graphs.core.persistence import Persistence
+from ui.data_layer import PostgresDataLayer, require_thread_author
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def layer(persistence: Persistence) -> Iterator[PostgresDataLayer]:
+    """The app's data layer, installed where Chainlit's handlers look it up."""
+    saved = (chainlit.data._data_layer, chainlit.data._data_layer_initialized)
+    data_layer = PostgresDataLayer(persistence.pool)
+    chainlit.data._data_layer = data_layer
+    chainlit.data._data_layer_initialized = True
+    yield data_layer
+    chainlit.data._data_layer, chainlit.data._data_layer_initialized = saved
+
+
+async def new_user(layer: PostgresDataLayer, name: str) -> PersistedUser:
+    user = await layer.create_user(User(identifier=f"{name}:{uuid.uuid4().hex[:8]}"))
+    assert user is not None
+    return user
+
+
+async def new_thread(layer: PostgresDataLayer, owner: PersistedUser, name: str = "chat") -> str:
+    thread_id = str(uuid.uuid4())
+    await layer.update_thread(thread_id, name=name, user_id=owner.id)
+    return thread_id
+
+
+def step(thread_id: str, output: str, **extra: Any) -> dict[str, Any]:
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "id": str(uuid.uuid4()),
+        "threadId": thread_id,
+        "type": "user_message",
+        "name": "user",
+        "output": output,
+        "createdAt": created,
+        **extra,
+    }
+
+
+async def count(persistence: Persistence, sql: str, *params: Any) -> int:
+    async with persistence.pool.connection() as conn:
+        cur = await conn.execute(sql, params)
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_create_user_round_trips(layer: PostgresDataLayer) -> None:
+    created = await layer.create_user(User(identifier="cairn:roundtrip", metadata={"a": 1}))
+    fetched = await layer.get_user("cairn:roundtrip")
+
+    assert created is not None
+    assert fetched is not None
+    assert fetched.id == created.id
+    assert fetched.metadata == {"a": 1}
+
+
+async def test_update_thread_with_a_user_creates_a_thread_they_own(
+    layer: PostgresDataLayer,
+) -> None:
+    alice = await new_user(layer, "alice")
+
+    thread_id = await new_thread(layer, alice, name="Trip to Lisbon")
+
+    assert await layer.get_thread_author(thread_id) == alice.identifier
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert thread["name"] == "Trip to Lisbon"
+    assert thread["userIdentifier"] == alice.identifier
+
+
+async def test_steps_round_trip_with_their_metadata(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)  # create_step needs a Chainlit context
+
+    await layer.create_step(step(thread_id, "first words", metadata={"source": "web", "n": 1}))
+    await layer.create_step(step(thread_id, "second words", metadata={}))
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert [s["output"] for s in thread["steps"]] == ["first words", "second words"]
+    assert thread["steps"][0]["metadata"] == {"source": "web", "n": 1}
+    assert thread["steps"][1]["metadata"] == {}
+
+
+async def test_text_with_percent_signs_and_placeholders_is_stored_verbatim(
+    layer: PostgresDataLayer,
+) -> None:
+    # The layer rewrites $n placeholders for psycopg; user text must pass through untouched.
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    text = "100% sure that $1 and %(p1)s and %s are just text"
+
+    await layer.create_step(step(thread_id, text, metadata={"note": "50% $2"}))
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert thread["steps"][0]["output"] == text
+    assert thread["steps"][0]["metadata"] == {"note": "50% $2"}
+
+
+async def test_list_threads_returns_only_the_users_threads(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    bob = await new_user(layer, "bob")
+    alices = {await new_thread(layer, alice) for _ in range(3)}
+    bobs = {await new_thread(layer, bob)}
+
+    page = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=alice.id))
+
+    assert {t["id"] for t in page.data} == alices
+    assert not {t["id"] for t in page.data} & bobs
+    assert {t["userIdentifier"] for t in page.data} == {alice.identifier}
+
+
+async def test_another_user_cannot_take_over_a_thread(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    mallory = await new_user(layer, "mallory")
+    thread_id = await new_thread(layer, alice, name="Alice's plans")
+
+    await layer.update_thread(thread_id, name="pwned", user_id=mallory.id)
+
+    assert await layer.get_thread_author(thread_id) == alice.identifier
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert thread["name"] == "Alice's plans"
+    page = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=mallory.id))
+    assert page.data == []
+
+
+async def test_the_owner_can_still_rename_their_thread(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice, name="old name")
+
+    await layer.update_thread(thread_id, name="new name", user_id=alice.id)
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert thread["name"] == "new name"
+    assert await layer.get_thread_author(thread_id) == alice.identifier
+
+
+async def test_an_unknown_thread_has_no_author(layer: PostgresDataLayer) -> None:
+    assert await layer.get_thread_author(str(uuid.uuid4())) == ""
+    assert await layer.get_thread(str(uuid.uuid4())) is None
+
+
+async def test_deleting_a_thread_removes_its_steps(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    await layer.create_step(step(thread_id, "to be forgotten"))
+    steps_sql = 'SELECT count(*) AS n FROM "Step" WHERE "threadId" = %s'
+    assert await count(persistence, steps_sql, thread_id) == 1
+
+    await layer.delete_thread(thread_id)
+
+    assert (
+        await count(persistence, 'SELECT count(*) AS n FROM "Thread" WHERE id = %s', thread_id) == 0
+    )
+    assert await count(persistence, steps_sql, thread_id) == 0
+    assert await layer.get_thread_author(thread_id) == ""
+
+
+async def test_thread_author_check_passes_for_the_owner(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+
+    assert await require_thread_author(alice.identifier, thread_id) is True
+
+
+async def test_unknown_and_foreign_threads_get_the_same_404(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    mallory = await new_user(layer, "mallory")
+    foreign = await new_thread(layer, alice)
+
+    with pytest.raises(HTTPException) as on_unknown:
+        await require_thread_author(mallory.identifier, str(uuid.uuid4()))
+    with pytest.raises(HTTPException) as on_foreign:
+        await require_thread_author(mallory.identifier, foreign)
+
+    assert on_unknown.value.status_code == on_foreign.value.status_code == 404
+    assert on_unknown.value.detail == on_foreign.value.detail == NOT_FOUND
+
+
+async def test_a_thread_without_an_owner_belongs_to_nobody(layer: PostgresDataLayer) -> None:
+    mallory = await new_user(layer, "mallory")
+    thread_id = str(uuid.uuid4())
+    await layer.update_thread(thread_id, name="ownerless")
+
+    with pytest.raises(HTTPException) as caught:
+        await require_thread_author(mallory.identifier, thread_id)
+
+    assert caught.value.status_code == 404

@@ -1,0 +1,214 @@
+"""Persistence on a real Postgres: migrations, the embedding record, semantic search, reconnects, resume."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+from auth.local_accounts import LOCAL_AUTH_DDL
+from graphs.assistant.graph import build_graph
+from graphs.core.context import Context
+from graphs.core.embeddings import EmbeddingModelChanged, EmbeddingSpec, check_embedding_record
+from graphs.core.migrations import MIGRATIONS, migrate
+from graphs.core.offline import OfflineChatModel
+from graphs.core.persistence import Persistence, make_pool, open_persistence
+from graphs.core.settings import Settings
+from tests.conftest import create_database
+
+pytestmark = pytest.mark.integration
+
+LOCAL_AUTH = [("0003_local_auth", LOCAL_AUTH_DDL)]
+ALL_MIGRATIONS = [name for name, _ in [*MIGRATIONS, *LOCAL_AUTH]]
+
+
+async def applied_migrations(persistence: Persistence) -> list[str]:
+    async with persistence.pool.connection() as conn:
+        cur = await conn.execute("SELECT name FROM cairn_migrations ORDER BY name")
+        return [row["name"] for row in await cur.fetchall()]
+
+
+async def test_migrations_run_again_apply_nothing(persistence: Persistence) -> None:
+    assert await migrate(persistence.pool, LOCAL_AUTH) == []
+    assert await migrate(persistence.pool) == []
+    assert await applied_migrations(persistence) == sorted(ALL_MIGRATIONS)
+
+
+async def test_concurrent_migrations_from_two_workers_apply_each_once(pg_server_url: str) -> None:
+    url = create_database(pg_server_url)
+    pools = [make_pool(url, max_size=2), make_pool(url, max_size=2)]
+    for pool in pools:
+        await pool.open(wait=True)
+    try:
+        results = await asyncio.gather(*(migrate(pool, LOCAL_AUTH) for pool in pools))
+    finally:
+        for pool in pools:
+            await pool.close()
+
+    applied = [name for result in results for name in result]
+    assert sorted(applied) == sorted(ALL_MIGRATIONS)
+
+
+async def test_two_workers_starting_together_on_a_fresh_database_both_start(
+    pg_server_url: str, embedding: EmbeddingSpec, tmp_path: Path
+) -> None:
+    # Scaling out: several workers boot at once against one new database. Everything
+    # open_persistence sets up (Cairn's migrations, the saver's and the store's tables) must
+    # tolerate that, not just Cairn's own migrations.
+    url = create_database(pg_server_url)
+    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+    results = await asyncio.gather(
+        *(
+            open_persistence(
+                settings,
+                pool=make_pool(url, max_size=2),
+                embedding=embedding,
+                extra_migrations=LOCAL_AUTH,
+            )
+            for _ in range(3)
+        ),
+        return_exceptions=True,
+    )
+    for result in results:
+        if isinstance(result, Persistence):
+            await result.close()
+
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert failures == []
+
+
+async def test_the_embedding_model_is_recorded(
+    persistence: Persistence, embedding: EmbeddingSpec
+) -> None:
+    async with persistence.pool.connection() as conn:
+        cur = await conn.execute("SELECT value FROM cairn_meta WHERE key = 'embedding'")
+        row = await cur.fetchone()
+
+    assert row is not None
+    assert row["value"] == {"name": embedding.name, "dims": embedding.dims}
+    await check_embedding_record(persistence.pool, embedding)  # same model: starts fine
+
+
+@pytest.mark.parametrize(
+    ("name", "dims"),
+    [("openai:text-embedding-3-small", 384), (None, 1536)],
+    ids=["other-model", "other-dims"],
+)
+async def test_a_changed_embedding_model_refuses_to_start(
+    persistence: Persistence, embedding: EmbeddingSpec, name: str | None, dims: int
+) -> None:
+    changed = EmbeddingSpec(name or embedding.name, dims, embedding.embeddings)
+
+    with pytest.raises(EmbeddingModelChanged) as caught:
+        await check_embedding_record(persistence.pool, changed)
+
+    message = str(caught.value)
+    assert embedding.name in message
+    assert changed.name in message
+    assert f"({embedding.dims} dims)" in message
+    assert f"({dims} dims)" in message
+    # The refusal leaves the record alone, so switching back works.
+    await check_embedding_record(persistence.pool, embedding)
+
+
+async def test_semantic_search_finds_the_relevant_memory_first(persistence: Persistence) -> None:
+    store = persistence.store
+    u1 = ("memories", "search-u1")
+    facts = {
+        "diet": "I am vegetarian",
+        "sister": "My sister lives in Lisbon",
+        "job": "I work night shifts as a nurse",
+        "car": "I drive an old blue Volvo",
+    }
+    for key, content in facts.items():
+        await store.aput(u1, key, {"content": content})
+
+    results = await store.asearch(u1, query="What food should I cook for dinner?", limit=4)
+
+    assert results[0].key == "diet"
+    assert results[0].score is not None
+    assert results[0].score > results[-1].score
+
+
+async def test_search_never_crosses_into_another_users_namespace(
+    persistence: Persistence,
+) -> None:
+    store = persistence.store
+    await store.aput(("memories", "ns-u1"), "diet", {"content": "I am vegetarian"})
+    # Closer to the query than u1's own memory, and in namespaces that share a text prefix.
+    await store.aput(("memories", "ns-u2"), "diet", {"content": "What should I eat for dinner"})
+    await store.aput(("memories", "ns-u10"), "diet", {"content": "Dinner: I eat steak"})
+    await store.aput(("memories", "ns-u1x"), "diet", {"content": "Dinner food I eat"})
+
+    results = await store.asearch(("memories", "ns-u1"), query="What should I eat for dinner?")
+    listed = await store.asearch(("memories", "ns-u1"), limit=50)
+
+    assert [r.namespace for r in results] == [("memories", "ns-u1")]
+    assert [r.namespace for r in listed] == [("memories", "ns-u1")]
+
+
+async def test_the_pool_survives_postgres_dropping_its_connections(
+    persistence: Persistence, database_url: str
+) -> None:
+    pool = persistence.pool
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+        row = await cur.fetchone()
+    assert row is not None
+    old_pid = row["pid"]
+
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+        for _ in range(100):  # termination is asynchronous
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                ([pid for pid, _ in killed],),
+            ).fetchone()
+            if left is not None and left[0] == 0:
+                break
+            await asyncio.sleep(0.05)
+    assert old_pid in [pid for pid, _ in killed]
+
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT 1 AS ok, pg_backend_pid() AS pid")
+        row = await cur.fetchone()
+
+    assert row is not None
+    assert row["ok"] == 1
+    assert row["pid"] != old_pid
+
+
+async def test_a_thread_resumes_after_a_restart_without_duplicated_history(
+    persistence: Persistence,
+) -> None:
+    config: dict[str, Any] = {"configurable": {"thread_id": "resume-after-restart"}}
+    context = Context(user_id="u1", thread_id="resume-after-restart")
+    before = build_graph(
+        checkpointer=persistence.checkpointer, store=persistence.store, model=OfflineChatModel()
+    )
+    await before.ainvoke({"messages": [HumanMessage("first")]}, config, context=context)
+    await before.ainvoke({"messages": [HumanMessage("second")]}, config, context=context)
+    assert len((await before.aget_state(config)).values["messages"]) == 4
+
+    # A new process: new graph object, new saver, same database.
+    after = build_graph(
+        checkpointer=AsyncPostgresSaver(persistence.pool),  # type: ignore[arg-type]
+        store=persistence.store,
+        model=OfflineChatModel(),
+    )
+    assert len((await after.aget_state(config)).values["messages"]) == 4
+    await after.ainvoke({"messages": [HumanMessage("third")]}, config, context=context)
+
+    messages = (await after.aget_state(config)).values["messages"]
+    assert [type(m) for m in messages] == [HumanMessage, AIMessage] * 3
+    assert [m.text for m in messages[::2]] == ["first", "second", "third"]
+    assert "third" in messages[-1].text
+    assert len({m.id for m in messages}) == 6
