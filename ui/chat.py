@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -9,6 +10,7 @@ import chainlit as cl
 from chainlit.types import ThreadDict
 from langchain_core.messages import HumanMessage
 from langgraph.errors import GraphRecursionError
+from langgraph.types import Command
 
 from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owner
@@ -17,6 +19,7 @@ from graphs.core.models import offline_notice
 from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
+from ui.interrupts import ResumePayload, clear_prompt, show_interrupt
 from ui.runtime import get_runtime
 from ui.streaming import run_turn
 
@@ -37,12 +40,22 @@ async def start_chat() -> None:
 
 
 async def resume_chat(thread: ThreadDict) -> None:
-    """Chainlit already checked its own record; the LangGraph thread is checked here too."""
+    """Chainlit already checked its own record; the LangGraph thread is checked here too.
+
+    A run paused on a question gets its buttons back, so it survives a server restart.
+    """
     runtime = get_runtime()
     try:
-        await require_owner(runtime.pool, thread_id=thread["id"], user_id=session_user_id())
+        agent = agent_by_key(
+            await require_owner(runtime.pool, thread_id=thread["id"], user_id=session_user_id())
+        )
     except ThreadNotFound:
         await refuse(NOT_FOUND)
+        return
+    graph = runtime.graphs.get(agent.key)
+    if graph is not None:
+        for interrupt in await _pending_interrupts(graph, thread["id"]):
+            await show_interrupt(interrupt, thread_id=thread["id"])
 
 
 async def handle_message(message: cl.Message) -> None:
@@ -99,7 +112,41 @@ async def retry_turn(action: cl.Action) -> None:
     await _run(agent, None, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
 
 
-async def _run(agent: Agent, inputs: dict[str, Any] | None, context: Context) -> None:
+async def resume_interrupt(action: cl.Action) -> None:
+    """A button answering a paused run: checked against the session, the thread and the pause."""
+    runtime = get_runtime()
+    user_id = session_user_id()
+    thread_id = cl.context.session.thread_id
+    flag_client_identity(action.payload, where="resume action", user_id=user_id)
+    try:
+        payload = parse_payload(ResumePayload, action, thread_id=thread_id)
+        agent = agent_by_key(
+            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+        )
+    except ActionRejected as exc:
+        await refuse(str(exc))
+        return
+    except ThreadNotFound:
+        await refuse(NOT_FOUND)
+        return
+    graph = runtime.graphs.get(agent.key)
+    pending = await _pending_interrupts(graph, thread_id) if graph is not None else []
+    if payload.interrupt_id not in {i.id for i in pending}:
+        await refuse("That question has already been answered.")
+        return
+    await clear_prompt(payload.interrupt_id)
+    command: Command[Any] = Command(resume={payload.interrupt_id: {"decision": payload.decision}})
+    await _run(agent, command, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+
+
+async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:
+    state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+    return list(state.interrupts)
+
+
+async def _run(
+    agent: Agent, inputs: dict[str, Any] | Command[Any] | None, context: Context
+) -> None:
     graph = get_runtime().graphs.get(agent.key)
     if graph is None:
         await cl.Message(
@@ -109,7 +156,7 @@ async def _run(agent: Agent, inputs: dict[str, Any] | None, context: Context) ->
         ).send()
         return
     try:
-        await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
+        result = await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
     except GraphRecursionError:
         await cl.Message(
             content="I went round in circles on that one and stopped. Could you rephrase or "
@@ -124,3 +171,29 @@ async def _run(agent: Agent, inputs: dict[str, Any] | None, context: Context) ->
                 cl.Action(name="retry", label="Retry", payload={"thread_id": context.thread_id})
             ],
         ).send()
+        return
+    for interrupt in result.interrupts:
+        await show_interrupt(interrupt, thread_id=context.thread_id)
+    if agent.key == "assistant" and context.memory:
+        _schedule_memory_job(context)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _schedule_memory_job(context: Context) -> None:
+    """Off the reply's path: push back this thread's debounced memory job."""
+    jobs = get_runtime().memory_jobs
+    if jobs is None:
+        return
+    task = asyncio.create_task(
+        jobs.message_arrived(user_id=context.user_id, thread_id=context.thread_id)
+    )
+    _background.add(task)
+    task.add_done_callback(_finished)
+
+
+def _finished(task: asyncio.Task[None]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("scheduling the memory job failed", exc_info=exc)

@@ -13,6 +13,8 @@ from fastapi import APIRouter, FastAPI
 from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
+from graphs.assistant.offline import offline_assistant
+from graphs.core.models import chat_model
 from graphs.core.persistence import (
     Persistence,
     make_pool,
@@ -20,6 +22,8 @@ from graphs.core.persistence import (
     start_embedded_postgres,
 )
 from graphs.core.settings import Settings, get_settings
+from graphs.memory.jobs import MemoryJobs
+from graphs.memory.jobs import migrations as memory_job_migrations
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 
@@ -39,6 +43,7 @@ class AppRuntime:
     accounts: LocalAccounts | None
     persistence: Persistence | None = None
     graphs: dict[str, Any] = field(default_factory=dict)
+    memory_jobs: MemoryJobs | None = None
 
     @property
     def started(self) -> bool:
@@ -105,7 +110,7 @@ async def start() -> None:
     persistence = await open_persistence(
         runtime.settings,
         pool=runtime.pool,
-        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL)],
+        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *memory_job_migrations()],
     )
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)
@@ -117,6 +122,7 @@ async def start() -> None:
         for agent in AGENTS
         if agent.build is not None
     }
+    runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
     runtime.persistence = persistence
     log.info(
         "Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline
@@ -124,8 +130,34 @@ async def start() -> None:
 
 
 async def stop() -> None:
-    if _runtime is not None and _runtime.persistence is not None:
+    if _runtime is None:
+        return
+    if _runtime.memory_jobs is not None:
+        await _runtime.memory_jobs.stop()
+    if _runtime.persistence is not None:
         await _runtime.persistence.close()
+
+
+async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> MemoryJobs:
+    """The debounced write_memory worker runs inside every app process."""
+    assistant = runtime.graphs["assistant"]
+
+    async def load_messages(thread_id: str) -> list[Any]:
+        state = await assistant.aget_state({"configurable": {"thread_id": thread_id}})
+        return list(state.values.get("messages", []))
+
+    settings = runtime.settings
+    jobs = MemoryJobs(
+        pool=runtime.pool,
+        store=persistence.store,
+        model=offline_assistant() if settings.offline else chat_model("memory_writer"),
+        load_messages=load_messages,
+        idle_seconds=settings.memory_idle_seconds,
+        max_attempts=settings.memory_job_attempts,
+    )
+    await jobs.open()
+    jobs.start_worker()
+    return jobs
 
 
 def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:

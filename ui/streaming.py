@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import chainlit as cl
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
-    from langgraph.types import StreamMode
+    from langgraph.types import Command, StreamMode
 
     from graphs.core.context import Context
 
@@ -36,14 +37,21 @@ def _text_of(chunk: AIMessageChunk) -> str:
     return "".join(part.get("text", "") for part in chunk.content if isinstance(part, dict))
 
 
+@dataclass
+class TurnResult:
+    reply: cl.Message | None
+    interrupts: list[Any] = field(default_factory=list)
+    """Interrupts the run paused on; the UI turns each into buttons."""
+
+
 async def run_turn(
     graph: CompiledStateGraph[Any, Any, Any, Any],
-    inputs: dict[str, Any] | None,
+    inputs: dict[str, Any] | Command[Any] | None,
     *,
     context: Context,
     reply_node: str,
     recursion_limit: int = 25,
-) -> cl.Message:
+) -> TurnResult:
     """Stream a run: `messages` tokens from reply_node into one message, `tasks` as steps."""
     config: RunnableConfig = {
         "configurable": {"thread_id": context.thread_id},
@@ -54,6 +62,7 @@ async def run_turn(
     steps: dict[str, cl.Step] = {}
     started = time.perf_counter()
     first_token_at: float | None = None
+    interrupts: list[Any] = []
     stream = graph.astream(inputs, config, context=context, stream_mode=STREAM_MODES)
     async for mode, chunk in cast("AsyncIterator[tuple[str, Any]]", stream):
         if mode == "messages":
@@ -70,20 +79,22 @@ async def run_turn(
             steps[chunk["id"]] = step
             await step.send()
         elif (step := steps.pop(chunk["id"], None)) is not None:  # type: ignore[arg-type]
+            interrupts.extend(chunk.get("interrupts") or [])
             step.is_error = bool(chunk.get("error"))
             step.output = "failed" if step.is_error else "done"
             await step.update()
-    if reply is None:
+    if reply is None and not interrupts:
         # A model that does not stream still leaves its answer in the checkpoint.
         reply = cl.Message(content=await _final_text(graph, config))
-    await reply.send()
+    if reply is not None:
+        await reply.send()
     log.info(
         "turn thread=%s first_token_ms=%s total_ms=%.1f",
         context.thread_id,
         f"{(first_token_at - started) * 1000:.1f}" if first_token_at else "-",
         (time.perf_counter() - started) * 1000,
     )
-    return reply
+    return TurnResult(reply=reply, interrupts=interrupts)
 
 
 async def _final_text(graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig) -> str:

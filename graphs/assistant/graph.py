@@ -1,16 +1,21 @@
-"""Assistant graph: a tool-free chat turn over the checkpointed conversation."""
+"""Assistant graph: recall_memories -> assistant <-> tools, over the checkpointed conversation."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import SystemMessage, trim_messages
-from langgraph.graph import END, START, StateGraph
+from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage, trim_messages
+from langgraph.graph import START, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.runtime import Runtime
 
-from graphs.assistant.prompts import SYSTEM_PROMPT
-from graphs.assistant.state import State
+from graphs.assistant.prompts import SYSTEM_PROMPT, TOOL_BUDGET_NOTE
+from graphs.assistant.state import RecalledMemory, State
+from graphs.assistant.tools import TOOLS
 from graphs.core.context import Context
 from graphs.core.models import chat_model
+from graphs.memory.recall import Recalled, memory_block, recall
+from graphs.memory.scoped import Memory, ScopedMemory
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -18,8 +23,22 @@ if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.store.base import BaseStore
 
-# What the model sees, in approximate tokens; the checkpoint keeps everything.
 MODEL_WINDOW_TOKENS = 6000
+"""What the model sees, in approximate tokens; the checkpoint keeps everything."""
+TOOL_CALL_BUDGET = 4
+"""Tool calls per user message before the model is told to answer with what it has."""
+
+
+async def recall_memories(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Pinned profile facts plus the facts closest to the latest user message, fresh every turn."""
+    if runtime.store is None or not runtime.context.memory:
+        return {"recalled": []}
+    memory = ScopedMemory.from_runtime(runtime)
+    if not (await memory.settings()).enabled:
+        return {"recalled": []}
+    query = _latest_human_text(state["messages"])
+    found: Recalled = await recall(memory, query)
+    return {"recalled": [_as_recalled(m) for m in found.memories]}
 
 
 def build_graph(
@@ -28,9 +47,15 @@ def build_graph(
     store: BaseStore | None,
     model: BaseChatModel | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
-    llm = model or chat_model("chat")
+    llm = model or assistant_model()
+    with_tools = llm.bind_tools(TOOLS)
 
     async def assistant(state: State) -> dict[str, Any]:
+        """Answer with the trimmed conversation and the recalled memories as labelled data."""
+        over_budget = _tool_calls_this_turn(state["messages"]) >= TOOL_CALL_BUDGET
+        prompt = SYSTEM_PROMPT.format(memories=_block(state.get("recalled", [])))
+        if over_budget:
+            prompt += TOOL_BUDGET_NOTE
         window = trim_messages(
             state["messages"],
             max_tokens=MODEL_WINDOW_TOKENS,
@@ -39,11 +64,49 @@ def build_graph(
             start_on="human",
             include_system=False,
         )
-        reply = await llm.ainvoke([SystemMessage(SYSTEM_PROMPT), *window])
+        runnable = llm if over_budget else with_tools
+        reply = await runnable.ainvoke([SystemMessage(prompt), *window])
         return {"messages": [reply]}
 
     builder = StateGraph(State, context_schema=Context)
+    builder.add_node(recall_memories)
     builder.add_node("assistant", assistant)
-    builder.add_edge(START, "assistant")
-    builder.add_edge("assistant", END)
+    builder.add_node("tools", ToolNode(TOOLS, handle_tool_errors=True))
+    builder.add_edge(START, "recall_memories")
+    builder.add_edge("recall_memories", "assistant")
+    builder.add_conditional_edges("assistant", tools_condition)
+    builder.add_edge("tools", "assistant")
     return builder.compile(checkpointer=checkpointer, store=store, name="assistant")
+
+
+def assistant_model() -> BaseChatModel:
+    from graphs.assistant.offline import offline_assistant
+    from graphs.core.settings import get_settings
+
+    return offline_assistant() if get_settings().offline else chat_model("chat")
+
+
+def _block(recalled: list[RecalledMemory]) -> str:
+    memories = [Memory(r["key"], r["content"], "", "", {}, 0.0, True) for r in recalled]
+    block = memory_block(Recalled(pinned=memories, relevant=[], latency_ms=0, searched=False))
+    return f"\n{block}" if block else ""
+
+
+def _as_recalled(memory: Memory) -> RecalledMemory:
+    return {"key": memory.key, "content": memory.content}
+
+
+def _latest_human_text(messages: list[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            return str(message.text)
+    return ""
+
+
+def _tool_calls_this_turn(messages: list[Any]) -> int:
+    count = 0
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            break
+        count += isinstance(message, ToolMessage)
+    return count

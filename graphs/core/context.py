@@ -15,6 +15,8 @@ class Context:
     """The conversation this run belongs to (already checked to be the user's)."""
     agent: str = "assistant"
     """Which chat profile started the run."""
+    memory: bool = True
+    """False for a temporary chat: long-term memory is neither read nor written."""
 
     def __post_init__(self) -> None:
         if not self.user_id or not self.thread_id:

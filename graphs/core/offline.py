@@ -46,6 +46,8 @@ _MAX_NESTING = 4
 """Deeper than this, arrays stay empty so self-referencing schemas terminate."""
 
 StructuredResponder = Callable[[type | dict[str, Any], list[BaseMessage]], Any]
+ToolRouter = Callable[[list[BaseMessage], tuple[str, ...]], ToolCall | None]
+TextResponder = Callable[[list[BaseMessage]], str | None]
 
 
 class OfflineChatModel(BaseChatModel):
@@ -56,6 +58,12 @@ class OfflineChatModel(BaseChatModel):
 
     structured_responder: StructuredResponder | None = Field(default=None, exclude=True)
     """Asked first for structured output: `(schema, messages) -> value`; None falls back."""
+
+    tool_router: ToolRouter | None = Field(default=None, exclude=True)
+    """An agent's plain-language rules for calling its tools: `(messages, tool_names) -> call`."""
+
+    text_responder: TextResponder | None = Field(default=None, exclude=True)
+    """An agent's reply text for a conversation, after the REPLY_PREFIX; None falls back."""
 
     @property
     def _llm_type(self) -> str:
@@ -127,8 +135,13 @@ class OfflineChatModel(BaseChatModel):
             result = _truncate(str(last.text))
             return AIMessage(f"{REPLY_PREFIX}{_tool_name(last, messages)} returned: {result}")
         call = self._requested_tool_call(messages)
+        if call is None and self.tool_router is not None and isinstance(last, HumanMessage):
+            call = self.tool_router(messages, self.tool_names)
         if call is not None:
             return AIMessage(content="", tool_calls=[call])
+        text = self.text_responder(messages) if self.text_responder else None
+        if text is not None:
+            return AIMessage(f"{REPLY_PREFIX}{text}")
         return AIMessage(f"{REPLY_PREFIX}You said: {_truncate(_last_human_text(messages))}")
 
     def _requested_tool_call(self, messages: list[BaseMessage]) -> ToolCall | None:

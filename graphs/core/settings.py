@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     embedding_dims: int = 1536
     """Dimensions when embedding_provider is openai."""
 
+    # Long-term memory.
+    memory_idle_seconds: float = Field(default=60.0, ge=0.0)
+    """How long a conversation must be quiet before its memory job runs."""
+    memory_job_attempts: int = Field(default=4, ge=1, le=20)
+    """Tries per memory job before it is dead-lettered."""
+
     # Auth and sessions.
     auth_secret: SecretStr | None = Field(
         default=None,

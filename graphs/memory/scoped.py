@@ -1,0 +1,253 @@
+"""The one way into long-term memory: every namespace built from the verified user, never from input."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from graphs.memory.locks import UserLocks, user_locks_for
+from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+    from langgraph.store.base import BaseStore, Item
+
+    from graphs.core.context import Context
+
+log = logging.getLogger("cairn.memory")
+
+ROOT = "memories"
+PROFILE = "profile"
+"""Pinned core facts (name, language, home city ...): always recalled."""
+FACTS = "facts"
+"""Everything else: recalled by semantic search on the latest message."""
+TOMBSTONES = "tombstones"
+MARKERS = "markers"
+SETTINGS = "settings"
+SUGGESTIONS = "suggestions"
+"""Sensitive facts (in a category the user opted into) waiting for the user's confirmation."""
+MEMORY_KINDS = (PROFILE, FACTS)
+ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
+
+
+class MissingIdentity(PermissionError):
+    """A memory call without a verified user: refused before it reaches the store."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    key: str
+    content: str
+    category: str
+    updated_at: str
+    source: dict[str, Any]
+    confidence: float
+    stated: bool
+    score: float | None = None
+
+    @classmethod
+    def from_item(cls, item: Item) -> Memory:
+        v = item.value
+        return cls(
+            key=item.key,
+            content=str(v.get("content", "")),
+            category=str(v.get("category", "other")),
+            updated_at=str(v.get("updated_at", "")),
+            source=dict(v.get("source") or {}),
+            confidence=float(v.get("confidence", 0.0)),
+            stated=bool(v.get("stated", True)),
+            score=getattr(item, "score", None),
+        )
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    enabled: bool = True
+    """Off means off: no recall, no writes, no jobs."""
+    opted_in: frozenset[str] = field(default_factory=frozenset)
+    """Sensitive categories the user allowed (each write still needs their confirmation)."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class ScopedMemory:
+    """Store access for one user. Namespaces are `("memories", user_id, kind)`, built here only."""
+
+    def __init__(self, store: BaseStore, user_id: str, *, locks: UserLocks | None = None) -> None:
+        if not isinstance(user_id, str) or not user_id.strip():
+            msg = "memory access needs the verified user's id"
+            raise MissingIdentity(msg)
+        self._store = store
+        self.user_id = user_id
+        self._locks = locks or user_locks_for(store)
+
+    @classmethod
+    def from_runtime(cls, runtime: Runtime[Context]) -> ScopedMemory:
+        """Identity from the run's context (set by ui/ from the session), never from arguments."""
+        context = runtime.context
+        if context is None or runtime.store is None:
+            msg = "this run has no user context or no store"
+            raise MissingIdentity(msg)
+        return cls(runtime.store, context.user_id)
+
+    def _ns(self, kind: str) -> tuple[str, ...]:
+        if kind not in ALL_KINDS:
+            msg = f"unknown memory namespace {kind!r}"
+            raise ValueError(msg)
+        return (ROOT, self.user_id, kind)
+
+    def locked(self) -> AbstractAsyncContextManager[None]:
+        """Serialise this user's memory mutations (across workers with Postgres)."""
+        return self._locks.hold(self.user_id)
+
+    # Memories -----------------------------------------------------------------------------
+
+    @staticmethod
+    def kind_for(key: str) -> str:
+        return PROFILE if key in PROFILE_SLOTS else FACTS
+
+    async def pinned(self, *, limit: int = 20) -> list[Memory]:
+        items = await self._store.asearch(self._ns(PROFILE), limit=limit)
+        return [Memory.from_item(i) for i in items]
+
+    async def search(
+        self, query: str, *, limit: int, threshold: float, kinds: tuple[str, ...] = (FACTS,)
+    ) -> list[Memory]:
+        """Semantic search; matches scoring below threshold are dropped as too weak."""
+        found: list[Memory] = []
+        for kind in kinds:
+            items = await self._store.asearch(self._ns(kind), query=query, limit=limit)
+            found.extend(
+                Memory.from_item(i) for i in items if i.score is not None and i.score >= threshold
+            )
+        found.sort(key=lambda m: m.score or 0.0, reverse=True)
+        return found[:limit]
+
+    async def all_memories(self, *, limit: int = 1000) -> list[Memory]:
+        found: list[Memory] = []
+        for kind in MEMORY_KINDS:
+            items = await self._store.asearch(self._ns(kind), limit=limit)
+            found.extend(Memory.from_item(i) for i in items)
+        return found
+
+    async def existing(self) -> dict[str, Existing]:
+        return {
+            m.key: Existing(key=m.key, content=m.content, stated=m.stated)
+            for m in await self.all_memories()
+        }
+
+    async def get(self, key: str) -> Memory | None:
+        item = await self._store.aget(self._ns(self.kind_for(key)), key)
+        return Memory.from_item(item) if item else None
+
+    async def put(
+        self,
+        key: str,
+        *,
+        content: str,
+        category: str,
+        source: dict[str, Any],
+        confidence: float,
+        stated: bool,
+    ) -> None:
+        """Upsert by stable key. Callers validate first (graphs.memory.policy) and hold the lock."""
+        value = {
+            "content": content,
+            "category": category,
+            "updated_at": now_iso(),
+            "source": source,
+            "confidence": confidence,
+            "stated": stated,
+        }
+        await self._store.aput(self._ns(self.kind_for(key)), key, value)
+
+    async def delete(self, key: str) -> None:
+        await self._store.adelete(self._ns(self.kind_for(key)), key)
+
+    # Forgetting -----------------------------------------------------------------------------
+
+    async def tombstones(self) -> list[Tombstone]:
+        items = await self._store.asearch(self._ns(TOMBSTONES), limit=10_000)
+        return [Tombstone(key=i.value.get("key"), fact=i.value.get("fact")) for i in items]
+
+    async def forget(self, memory: Memory, *, reason: str) -> None:
+        """Delete the item and record its tombstone together, under the user lock."""
+        async with self.locked():
+            await self._forget_unlocked(memory, reason=reason)
+
+    async def _forget_unlocked(self, memory: Memory, *, reason: str) -> None:
+        fact = normalise_fact(memory.content)
+        key = memory.key or None
+        tombstone = {"key": key, "fact": fact, "at": now_iso(), "reason": reason}
+        await self._store.aput(self._ns(TOMBSTONES), fact_key(fact), tombstone, index=False)
+        if key is not None:
+            await self.delete(key)
+        log.info("forgot memory user=%s key=%s (%s)", self.user_id, memory.key, reason)
+
+    async def clear_tombstone(self, *, key: str, content: str) -> bool:
+        """The user restated a forgotten fact and explicitly asked to remember it."""
+        fact = normalise_fact(content)
+        cleared = False
+        for item in await self._store.asearch(self._ns(TOMBSTONES), limit=10_000):
+            if item.value.get("key") == key or item.value.get("fact") == fact:
+                await self._store.adelete(self._ns(TOMBSTONES), item.key)
+                cleared = True
+        return cleared
+
+    async def sweep(self) -> int:
+        """Safety net after every job: delete anything that matches a tombstone."""
+        from graphs.memory.policy import is_tombstoned
+
+        tombstones = await self.tombstones()
+        removed = 0
+        async with self.locked():
+            for memory in await self.all_memories():
+                if is_tombstoned(key=memory.key, content=memory.content, tombstones=tombstones):
+                    await self.delete(memory.key)
+                    removed += 1
+        if removed:
+            log.warning("sweep removed %d tombstoned memories for user %s", removed, self.user_id)
+        return removed
+
+    # Suggestions ----------------------------------------------------------------------------
+
+    async def suggest(
+        self, key: str, *, content: str, category: str, source: dict[str, Any]
+    ) -> None:
+        value = {"key": key, "content": content, "category": category, "source": source}
+        await self._store.aput(self._ns(SUGGESTIONS), key, {**value, "at": now_iso()}, index=False)
+
+    async def suggestions(self) -> list[dict[str, Any]]:
+        items = await self._store.asearch(self._ns(SUGGESTIONS), limit=1000)
+        return [dict(i.value) for i in items]
+
+    async def drop_suggestion(self, key: str) -> None:
+        await self._store.adelete(self._ns(SUGGESTIONS), key)
+
+    # Bookkeeping ----------------------------------------------------------------------------
+
+    async def marker(self, thread_id: str) -> dict[str, Any]:
+        item = await self._store.aget(self._ns(MARKERS), thread_id)
+        return dict(item.value) if item else {}
+
+    async def set_marker(self, thread_id: str, **fields: Any) -> None:
+        value = {**await self.marker(thread_id), **fields}
+        await self._store.aput(self._ns(MARKERS), thread_id, value, index=False)
+
+    async def settings(self) -> MemorySettings:
+        item = await self._store.aget(self._ns(SETTINGS), "prefs")
+        if item is None:
+            return MemorySettings()
+        return MemorySettings(
+            enabled=bool(item.value.get("enabled", True)),
+            opted_in=frozenset(item.value.get("opted_in", [])),
+        )
+
+    async def save_settings(self, settings: MemorySettings) -> None:
+        value = {"enabled": settings.enabled, "opted_in": sorted(settings.opted_in)}
+        await self._store.aput(self._ns(SETTINGS), "prefs", value, index=False)

@@ -1,0 +1,154 @@
+"""The debounced write_memory job: new messages in, validated upserts out, forgetting always wins."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from pydantic import ValidationError
+
+from graphs.memory.policy import (
+    PROFILE_SLOTS,
+    SENSITIVE_CATEGORIES,
+    TOMBSTONED,
+    MemoryOps,
+    Verdict,
+    check_ops,
+    is_tombstoned,
+)
+from graphs.memory.prompts import WRITER_PROMPT
+from graphs.memory.scoped import ScopedMemory
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langgraph.store.base import BaseStore
+
+log = logging.getLogger("cairn.memory")
+
+MAX_NEW_MESSAGES = 60
+"""A long idle batch is cut to its most recent messages (the marker still covers all)."""
+
+MessageLoader = Callable[[str], Awaitable[list[BaseMessage]]]
+
+
+class InvalidModelOutput(ValueError):
+    """The memory writer's output failed its schema twice: the run is skipped, nothing written."""
+
+
+@dataclass
+class WriteReport:
+    run_id: str
+    new_messages: int = 0
+    proposed: int = 0
+    written: list[str] = field(default_factory=list)
+    suggested: list[str] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    swept: int = 0
+    skipped: str | None = None
+
+
+async def write_memories(
+    *,
+    store: BaseStore,
+    model: BaseChatModel,
+    load_messages: MessageLoader,
+    user_id: str,
+    thread_id: str,
+    run_id: str,
+) -> WriteReport:
+    """One job run for (user, thread). user_id was resolved from the session when it was queued."""
+    report = WriteReport(run_id=run_id)
+    memory = ScopedMemory(store, user_id)
+    if not (settings := await memory.settings()).enabled:
+        report.skipped = "memory_off"
+        return report
+    messages = await load_messages(thread_id)
+    marker = await memory.marker(thread_id)
+    new = _after(messages, marker.get("last_message_id"))
+    report.new_messages = len(new)
+    if not new:
+        report.skipped = "nothing_new"
+        return report
+    existing = await memory.existing()
+    tombstones = await memory.tombstones()
+    ops = await _propose(model, new[-MAX_NEW_MESSAGES:], existing, tombstones)
+    report.proposed = len(ops.ops)
+    verdicts = check_ops(ops, existing=existing, tombstones=tombstones, opted_in=settings.opted_in)
+    source = {"thread_id": thread_id, "message_id": new[-1].id, "job_run_id": run_id}
+    await _apply(memory, verdicts, source=source, report=report)
+    report.swept = await memory.sweep()
+    # Only now, with the whole batch done, does the marker move past these messages.
+    await memory.set_marker(thread_id, last_message_id=new[-1].id)
+    for reason, count in report.rejected.items():
+        log.info("memory op rejected user=%s reason=%s count=%d", user_id, reason, count)
+    return report
+
+
+def _after(messages: list[BaseMessage], last_id: str | None) -> list[BaseMessage]:
+    if last_id is None:
+        return list(messages)
+    ids = [m.id for m in messages]
+    return list(messages[ids.index(last_id) + 1 :]) if last_id in ids else list(messages)
+
+
+async def _propose(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    existing: dict[str, Any],
+    tombstones: list[Any],
+) -> MemoryOps:
+    prompt = WRITER_PROMPT.format(
+        slots=", ".join(PROFILE_SLOTS),
+        existing="\n".join(f"- {k}: {e.content}" for k, e in existing.items()) or "(none)",
+        forgotten="\n".join(f"- {t.fact or t.key}" for t in tombstones) or "(none)",
+    )
+    transcript = "\n".join(
+        f"{'User' if isinstance(m, HumanMessage) else 'Assistant'}: {m.text}" for m in messages
+    )
+    structured = model.with_structured_output(MemoryOps)
+    request = [SystemMessage(prompt), HumanMessage(f"New messages:\n{transcript}")]
+    problem: Exception | None = None
+    for _attempt in range(2):
+        try:
+            return MemoryOps.model_validate(await structured.ainvoke(request))
+        except (ValidationError, OutputParserException, ValueError, TypeError) as exc:
+            problem = exc
+    msg = f"memory writer returned invalid output twice: {problem}"
+    raise InvalidModelOutput(msg)
+
+
+async def _apply(
+    memory: ScopedMemory, verdicts: list[Verdict], *, source: dict[str, Any], report: WriteReport
+) -> None:
+    async with memory.locked():
+        for verdict in verdicts:
+            if not verdict.accepted or verdict.key is None:
+                report.rejected[verdict.reason] += 1
+                continue
+            op = verdict.op
+            if op.category in SENSITIVE_CATEGORIES:
+                await memory.suggest(
+                    verdict.key, content=op.content, category=op.category, source=source
+                )
+                report.suggested.append(verdict.key)
+                continue
+            # Checked again right before the put: a forget may have landed since the job began.
+            if is_tombstoned(
+                key=verdict.key, content=op.content, tombstones=await memory.tombstones()
+            ):
+                report.rejected[TOMBSTONED] += 1
+                continue
+            await memory.put(
+                verdict.key,
+                content=op.content,
+                category=op.category,
+                source=source,
+                confidence=op.confidence,
+                stated=op.stated,
+            )
+            report.written.append(verdict.key)
