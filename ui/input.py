@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,12 +56,21 @@ def _read_attachment(element: Any, settings: Settings) -> Attachment:
     except UnicodeDecodeError:
         msg = f"{name} is not UTF-8 text."
         raise InputRejected(msg) from None
-    return Attachment(name=name, text=text[: settings.max_message_chars])
+    if len(text) > settings.max_message_chars:
+        msg = (
+            f"{name} has {len(text):,} characters of text; attachments are limited to "
+            f"{settings.max_message_chars:,}. Attach a shorter excerpt."
+        )
+        raise InputRejected(msg)
+    return Attachment(name=name, text=text)
 
 
 def compose(content: str, attachments: list[Attachment]) -> str:
     """The user's text followed by each attachment, clearly delimited."""
     parts = [content.strip()]
     for attachment in attachments:
-        parts.append(f'<attachment name="{attachment.name}">\n{attachment.text}\n</attachment>')
+        name = html.escape(attachment.name, quote=True)
+        # The file cannot close its own block early.
+        body = attachment.text.replace("</attachment>", "</ attachment>")
+        parts.append(f'<attachment name="{name}">\n{body}\n</attachment>')
     return "\n\n".join(part for part in parts if part)

@@ -56,14 +56,7 @@ def build_graph(
         prompt = SYSTEM_PROMPT.format(memories=_block(state.get("recalled", [])))
         if over_budget:
             prompt += TOOL_BUDGET_NOTE
-        window = trim_messages(
-            state["messages"],
-            max_tokens=MODEL_WINDOW_TOKENS,
-            token_counter="approximate",  # noqa: S106 (not a password)
-            strategy="last",
-            start_on="human",
-            include_system=False,
-        )
+        window = _window(state["messages"])
         runnable = llm if over_budget else with_tools
         reply = await runnable.ainvoke([SystemMessage(prompt), *window])
         return {"messages": [reply]}
@@ -84,6 +77,26 @@ def assistant_model() -> BaseChatModel:
     from graphs.core.settings import get_settings
 
     return offline_assistant() if get_settings().offline else chat_model("chat")
+
+
+def _window(messages: list[Any]) -> list[Any]:
+    """The last MODEL_WINDOW_TOKENS of the conversation, never without the current request.
+
+    A request bigger than the budget on its own is sent whole rather than trimmed away.
+    """
+    window = trim_messages(
+        messages,
+        max_tokens=MODEL_WINDOW_TOKENS,
+        token_counter="approximate",  # noqa: S106 (not a password)
+        strategy="last",
+        start_on="human",
+        include_system=False,
+    )
+    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=0)
+    current_turn = messages[start:]
+    if current_turn and not any(m is current_turn[0] for m in window):
+        return list(current_turn)
+    return list(window)
 
 
 def _block(recalled: list[RecalledMemory]) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import time
 import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,8 +67,20 @@ async def _note_return(conn: AsyncConnection[DictRow]) -> None:
 
 
 async def _check_if_idle(conn: AsyncConnection[DictRow]) -> None:
-    if time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IDLE_AFTER_S:
+    """Ping connections that sat idle, or whose socket has something to say (a terminated
+    backend sends its farewell, so the socket turns readable): both cost a round trip only
+    when there is a reason to doubt the connection."""
+    idle = time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IDLE_AFTER_S
+    if idle or conn.closed or _socket_readable(conn):
         await AsyncConnectionPool.check_connection(conn)
+
+
+def _socket_readable(conn: AsyncConnection[DictRow]) -> bool:
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
@@ -84,6 +99,33 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
         reset=_note_return,
         kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
     )
+
+
+_SETUP_LOCK_ID = 7_246_022
+
+
+@asynccontextmanager
+async def _setup_lock(pool: Pool, *, timeout_s: float = 120.0) -> AsyncIterator[None]:
+    """One worker at a time runs the libraries' setup(); they are not safe to run concurrently.
+
+    Polled, not a blocking lock: the store's CREATE INDEX CONCURRENTLY waits for every other
+    transaction, including one blocked on the lock, and would deadlock with it.
+    """
+    async with pool.connection() as conn:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (_SETUP_LOCK_ID,))
+            row = await cur.fetchone()
+            if row and row["ok"]:
+                break
+            if time.monotonic() > deadline:
+                msg = "timed out waiting for another worker to finish database setup"
+                raise TimeoutError(msg)
+            await asyncio.sleep(0.2)
+        try:
+            yield
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK_ID,))
 
 
 @dataclass
@@ -120,7 +162,6 @@ async def open_persistence(
         embedding = embedding or build_embeddings(settings)
         await check_embedding_record(pool, embedding)
         checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        await checkpointer.setup()
         store = AsyncPostgresStore(
             pool,  # type: ignore[arg-type]
             index={
@@ -130,7 +171,9 @@ async def open_persistence(
                 "distance_type": "cosine",
             },
         )
-        await store.setup()
+        async with _setup_lock(pool):
+            await checkpointer.setup()
+            await store.setup()
     except BaseException:
         await pool.close()
         raise

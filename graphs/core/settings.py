@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +22,12 @@ class Settings(BaseSettings):
     """Every knob the app reads. Unsafe combinations are refused, not warned about."""
 
     model_config = SettingsConfigDict(
-        env_prefix="CAIRN_", env_file=".env", extra="ignore", populate_by_name=True
+        env_prefix="CAIRN_",
+        env_file=".env",
+        extra="ignore",
+        populate_by_name=True,
+        # Validation errors are logged at start-up; they must not carry secrets with them.
+        hide_input_in_errors=True,
     )
 
     production: bool = False
@@ -96,7 +102,9 @@ class Settings(BaseSettings):
     @classmethod
     def _ignore_placeholder_key(cls, value: object) -> object:
         # `chainlit run` with CI=true exports this fake key; it must not switch off offline mode.
-        return None if value == CHAINLIT_CI_PLACEHOLDER_KEY else value
+        if value in ("", CHAINLIT_CI_PLACEHOLDER_KEY):
+            return None
+        return value
 
     @field_validator("allow_origins", "local_users", "upload_mime_types", mode="before")
     @classmethod
@@ -145,10 +153,14 @@ class Settings(BaseSettings):
         if self.auth_secret is not None:
             return self.auth_secret.get_secret_value()
         path = self.data_dir / "auth_secret"
-        if not path.exists():
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(48))
-            path.chmod(0o600)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # Created private and exclusively: two workers starting at once share one secret.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text().strip()
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(48))
         return path.read_text().strip()
 
 

@@ -10,12 +10,15 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import procrastinate
+import psycopg
 from procrastinate.exceptions import AlreadyEnqueued
 
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from langchain_core.language_models import BaseChatModel
     from langgraph.store.base import BaseStore
 
@@ -50,6 +53,24 @@ def migrations() -> list[tuple[str, str]]:
     ]
 
 
+class SharedPoolConnector(procrastinate.PsycopgConnector):
+    """Procrastinate on the app's pool, whose connections are already autocommit.
+
+    Its LISTEN connection is opened with the pool's kwargs plus `autocommit=True`, which
+    psycopg rejects as a duplicate; the standalone connection drops the pool's copy.
+    """
+
+    @contextlib.asynccontextmanager
+    async def _get_standalone_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        conninfo: str = await self.pool._resolve_conninfo()
+        kwargs: dict[str, Any] = dict(await self.pool._resolve_kwargs())
+        kwargs.pop("autocommit", None)
+        async with await self.pool.connection_class.connect(
+            conninfo, **kwargs, autocommit=True
+        ) as connection:
+            yield connection
+
+
 def queueing_lock(user_id: str, thread_id: str) -> str:
     return f"memory:{user_id}:{thread_id}"
 
@@ -74,7 +95,7 @@ class MemoryJobs:
         self.load_messages = load_messages
         self.idle_seconds = idle_seconds
         self.max_attempts = max_attempts
-        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector())
+        self.app = procrastinate.App(connector=SharedPoolConnector())
         self._task = self.app.task(
             name=TASK_NAME,
             queue=QUEUE,

@@ -13,11 +13,12 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from auth.local_accounts import LOCAL_AUTH_DDL
 from graphs.assistant.graph import build_graph
+from graphs.core import persistence as persistence_module
 from graphs.core.context import Context
 from graphs.core.embeddings import EmbeddingModelChanged, EmbeddingSpec, check_embedding_record
 from graphs.core.migrations import MIGRATIONS, migrate
 from graphs.core.offline import OfflineChatModel
-from graphs.core.persistence import Persistence, make_pool, open_persistence
+from graphs.core.persistence import Persistence, Pool, make_pool, open_persistence
 from graphs.core.settings import Settings
 from tests.conftest import create_database
 
@@ -152,38 +153,59 @@ async def test_search_never_crosses_into_another_users_namespace(
     assert [r.namespace for r in listed] == [("memories", "ns-u1")]
 
 
-async def test_the_pool_survives_postgres_dropping_its_connections(
-    persistence: Persistence, database_url: str
-) -> None:
-    pool = persistence.pool
+async def pool_whose_backends_were_terminated(database_url: str, name: str) -> Pool:
+    """An open pool (own application_name) whose connections Postgres has just terminated."""
+    separator = "&" if "?" in database_url else "?"
+    pool = make_pool(f"{database_url}{separator}application_name={name}", min_size=2, max_size=2)
+    await pool.open(wait=True)
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
-        row = await cur.fetchone()
-    assert row is not None
-    old_pid = row["pid"]
-
+        await conn.execute("SELECT 1")  # used moments ago, as on a busy server
     with psycopg.connect(database_url, autocommit=True) as admin:
         killed = admin.execute(
-            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (name,),
         ).fetchall()
+        assert len(killed) == 2
         for _ in range(100):  # termination is asynchronous
-            left = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
-                ([pid for pid, _ in killed],),
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
             ).fetchone()
-            if left is not None and left[0] == 0:
+            if row is not None and row[0] == 0:
                 break
             await asyncio.sleep(0.05)
-    assert old_pid in [pid for pid, _ in killed]
+    return pool
 
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT 1 AS ok, pg_backend_pid() AS pid")
-        row = await cur.fetchone()
 
-    assert row is not None
-    assert row["ok"] == 1
-    assert row["pid"] != old_pid
+async def test_the_next_query_after_postgres_drops_the_connections_works(
+    database_url: str,
+) -> None:
+    # A failover or an operator's pg_terminate_backend can come at any moment, not only
+    # after the connections sat idle; no request should fail on a connection Postgres closed.
+    pool = await pool_whose_backends_were_terminated(database_url, "cairn-dropped-now")
+    try:
+        for _ in range(3):  # each of the pool's connections in turn
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT 1 AS ok")
+                row = await cur.fetchone()
+                assert row is not None
+                assert row["ok"] == 1
+    finally:
+        await pool.close()
+
+
+async def test_connections_dropped_while_idle_are_replaced(database_url: str) -> None:
+    pool = await pool_whose_backends_were_terminated(database_url, "cairn-dropped-idle")
+    # The pool skips its check for recently returned connections; wait that window out.
+    await asyncio.sleep(getattr(persistence_module, "CHECK_IDLE_AFTER_S", 0.0) + 0.2)
+    try:
+        for _ in range(3):
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT 1 AS ok")
+                row = await cur.fetchone()
+                assert row is not None
+                assert row["ok"] == 1
+    finally:
+        await pool.close()
 
 
 async def test_a_thread_resumes_after_a_restart_without_duplicated_history(

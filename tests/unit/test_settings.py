@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from graphs.core.settings import Settings
+from graphs.core.settings import CHAINLIT_CI_PLACEHOLDER_KEY, Settings
 
 # A production configuration that passes; each test below spoils one value of it.
 SAFE_PRODUCTION: dict[str, Any] = {
@@ -221,5 +221,11 @@ def test_an_empty_model_key_means_offline(monkeypatch: pytest.MonkeyPatch) -> No
     # `OPENAI_API_KEY=` (e.g. `${OPENAI_API_KEY:-}` in a compose file) is no key at all;
     # treating it as a key sends every turn to the API with an empty key, which fails.
     monkeypatch.setenv("OPENAI_API_KEY", "")
+
+    assert make().offline
+
+
+def test_chainlits_ci_placeholder_key_means_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", CHAINLIT_CI_PLACEHOLDER_KEY)
 
     assert make().offline
