@@ -60,6 +60,7 @@ class AppServer:
             "CAIRN_DATA_DIR": str(self.data_dir),
             "CAIRN_LOCAL_USERS": ",".join(f"{u}:{p}" for u, p in USERS.items()),
             "CAIRN_PUBLIC_URL": self.url,
+            "CAIRN_MEMORY_IDLE_SECONDS": "1",
         }
         env.pop("OPENAI_API_KEY", None)
         # Chainlit's CI mode exports a fake OpenAI key; the app must still pick the offline model.

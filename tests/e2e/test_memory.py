@@ -1,0 +1,84 @@
+"""In real Chromium: a fact told in one conversation is used in the next; a forgotten one is gone."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import login, wait_until_connected
+
+pytestmark = pytest.mark.e2e
+
+
+def send(page, text: str) -> None:
+    page.locator("#chat-input").fill(text)
+    page.keyboard.press("Enter")
+
+
+def stored_memories(database_url: str) -> list[str]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT value->>'content' FROM store WHERE prefix LIKE 'memories.%%' "
+            "AND (prefix LIKE '%%.profile' OR prefix LIKE '%%.facts')"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def wait_for(predicate, *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    pytest.fail("condition not met in time")
+
+
+def new_conversation(page, server) -> None:
+    page.goto(server.url)
+    page.locator("#chat-input").wait_for()
+    wait_until_connected(page)
+
+
+def test_fact_is_used_in_a_new_conversation_and_gone_after_forget(app_server, browser):
+    page = login(browser, app_server, "alice")
+    send(page, "By the way, I'm vegetarian and my manager is Priya.")
+    expect(page.get_by_text("You said: By the way, I'm vegetarian")).to_be_visible()
+
+    # The debounced job runs once the conversation has been idle for a second.
+    wait_for(lambda: "User is vegetarian" in stored_memories(app_server.database_url))
+
+    new_conversation(page, app_server)
+    send(page, "What should I cook tonight?")
+    reply = page.get_by_text("What I remember about you").last
+    expect(reply).to_contain_text("User is vegetarian")
+    expect(reply).to_contain_text("User's manager is Priya")
+
+    send(page, "Please forget that I am vegetarian")
+    expect(page.get_by_text("Forgotten: User is vegetarian")).to_be_visible()
+    assert "User is vegetarian" not in stored_memories(app_server.database_url)
+
+    new_conversation(page, app_server)
+    send(page, "Any dinner ideas?")
+    reply = page.get_by_text("You said: Any dinner ideas?").last
+    expect(reply).to_be_visible()
+    expect(reply).not_to_contain_text("vegetarian")
+    expect(reply).to_contain_text("User's manager is Priya")
+    page.context.close()
+
+
+def test_memories_never_cross_users(app_server, browser):
+    alice = login(browser, app_server, "alice")
+    send(alice, "My manager is Zephyrine.")
+    expect(alice.get_by_text("You said: My manager is Zephyrine.")).to_be_visible()
+    wait_for(lambda: "User's manager is Zephyrine" in stored_memories(app_server.database_url))
+
+    bob = login(browser, app_server, "bob")
+    send(bob, "Who is my manager?")
+    expect(bob.get_by_text("You said: Who is my manager?")).to_be_visible()
+    bob.wait_for_timeout(500)
+    expect(bob.get_by_text("Zephyrine")).to_have_count(0)
+    alice.context.close()
+    bob.context.close()
