@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: run test unit integration e2e lint bench browser clean
+.PHONY: run test unit integration e2e lint bench eval browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,8 +41,14 @@ integration: $(STAMP)
 e2e: $(STAMP) browser
 	$(BIN)/python -m pytest tests/e2e
 
+# Prints figures (time to first token, recall latency, checkpoint growth, job throughput).
 bench: $(STAMP)
 	$(BIN)/python -m bench.ttft
+	$(BIN)/python -m bench.memory
+
+# Memory quality: recall precision/recall, write accuracy, forgotten facts coming back (must be 0).
+eval: $(STAMP)
+	$(BIN)/python -m evals.memory
 
 clean:
 	rm -rf $(VENV) .data .files .pytest_cache .mypy_cache .ruff_cache

@@ -34,8 +34,6 @@ async def recall_memories(state: State, runtime: Runtime[Context]) -> dict[str, 
     if runtime.store is None or not runtime.context.memory:
         return {"recalled": []}
     memory = ScopedMemory.from_runtime(runtime)
-    if not (await memory.settings()).enabled:
-        return {"recalled": []}
     query = _latest_human_text(state["messages"])
     found: Recalled = await recall(memory, query)
     return {"recalled": [_as_recalled(m) for m in found.memories]}

@@ -20,26 +20,24 @@ _STORED_LINE = re.compile(r"^- ([a-z0-9_]+): (.+)$", re.M)
 # (pattern on a first-person sentence, slot key or None, how to phrase it about the user)
 _STATEMENTS: list[tuple[re.Pattern[str], str | None, str]] = [
     (
-        re.compile(r"\bmy name is ([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)", re.I),
+        re.compile(r"\b(?i:my name is) ([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"),
         "name",
         "User's name is {0}",
     ),
     (
-        re.compile(
-            r"\bi (?:have )?moved (?:from [\w ]+? )?to ([A-Z][\w-]+(?: [A-Z][\w-]+)?)", re.I
-        ),
+        re.compile(r"\b(?i:i (?:have )?moved (?:from [\w ]+? )?to) ([A-Z][\w-]+(?: [A-Z][\w-]+)?)"),
         "home_city",
         "User lives in {0}",
     ),
     (
-        re.compile(r"\bi live in ([A-Z][\w-]+(?: [A-Z][\w-]+)?)", re.I),
+        re.compile(r"\b(?i:i live in) ([A-Z][\w-]+(?: [A-Z][\w-]+)?)"),
         "home_city",
         "User lives in {0}",
     ),
     (re.compile(r"\bi(?:'m| am) (vegetarian|vegan|pescatarian)\b", re.I), "diet", "User is {0}"),
-    (re.compile(r"\bmy manager is ([A-Z][\w'-]+)", re.I), "manager", "User's manager is {0}"),
+    (re.compile(r"\b(?i:my manager is) ([A-Z][\w'-]+)"), "manager", "User's manager is {0}"),
     (
-        re.compile(r"\bi work (?:at|for) ([A-Z][\w&.-]+(?: [A-Z][\w&.-]+)?)", re.I),
+        re.compile(r"\b(?i:i work (?:at|for)) ([A-Z][\w&.-]+(?: [A-Z][\w&.-]+)?)"),
         "employer",
         "User works at {0}",
     ),

@@ -16,7 +16,6 @@ from graphs.memory.policy import (
     Category,
     MemoryOp,
     check_op,
-    is_tombstoned,
     normalise_fact,
 )
 from graphs.memory.scoped import MEMORY_KINDS, Memory, ScopedMemory
@@ -61,13 +60,15 @@ async def remember(fact: str, category: Category, runtime: ToolRuntime[Context, 
         category: The kind of fact (profile, preference, fact, relationship, work, or a
             sensitive one: health, religion, politics, sexuality, finance_sensitive).
     """
+    if runtime.context is not None and not runtime.context.memory:
+        return "Not saved: this is a temporary chat, which keeps nothing in long-term memory."
     memory = _memory(runtime)
     settings = await memory.settings()
     if not settings.enabled:
         return "Not saved: memory is switched off for this account."
     op = MemoryOp(action="insert", content=fact.strip(), category=category, stated=True)
-    # An explicit request to remember wins over an earlier forget of the same fact.
-    await memory.clear_tombstone(key="", content=op.content)
+    # Tombstones are not checked here: an explicit request to remember wins over an earlier
+    # forget, but only once every other check and the user's confirmation have passed.
     verdict = check_op(
         op, existing=await memory.existing(), tombstones=[], opted_in=settings.opted_in
     )
@@ -77,8 +78,7 @@ async def remember(fact: str, category: Category, runtime: ToolRuntime[Context, 
         return "Not saved: you chose not to store that."
     source = {"thread_id": runtime.context.thread_id, "kind": "remember_tool"}
     async with memory.locked():
-        if is_tombstoned(key=verdict.key, content=op.content, tombstones=await memory.tombstones()):
-            return "Not saved: you asked me to forget that."
+        await memory.clear_tombstone(key=verdict.key, content=op.content)
         await memory.put(
             verdict.key,
             content=op.content,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import weakref
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from psycopg_pool import AsyncConnectionPool
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -36,29 +38,61 @@ class LocalUserLocks:
 
 
 class PgUserLocks:
-    """A Postgres advisory lock per user: serialises mutations across every app worker."""
+    """A Postgres advisory lock per user: serialises mutations across every app worker.
 
-    def __init__(self, pool: Pool) -> None:
-        self._pool = pool
+    Lock connections come from their own small pool: a holder also needs connections from the
+    app's pool for its store calls, and taking both from one pool deadlocks once as many users
+    hold locks as the pool has connections. A process-local lock in front means a user waiting
+    in this process does not occupy a lock connection either.
+    """
+
+    def __init__(self, pool: Pool, *, max_connections: int = 4) -> None:
+        self._app_pool = pool
+        self._max = max_connections
+        self._lock_pool: AsyncConnectionPool[Any] | None = None
+        self._local = LocalUserLocks()
+
+    async def _pool(self) -> AsyncConnectionPool[Any]:
+        if self._lock_pool is None:
+            self._lock_pool = AsyncConnectionPool(
+                self._app_pool.conninfo,
+                min_size=0,
+                max_size=self._max,
+                open=False,
+                kwargs={"autocommit": True},
+                check=AsyncConnectionPool.check_connection,
+            )
+            await self._lock_pool.open()
+        return self._lock_pool
 
     @asynccontextmanager
     async def hold(self, user_id: str) -> AsyncIterator[None]:
         key = f"cairn-memory:{user_id}"
-        async with self._pool.connection() as conn:
-            await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
-            try:
-                yield
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+        async with self._local.hold(user_id):
+            pool = await self._pool()
+            async with pool.connection() as conn:
+                await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+                try:
+                    yield
+                finally:
+                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+
+    async def close(self) -> None:
+        if self._lock_pool is not None:
+            await self._lock_pool.close()
 
 
 _local = LocalUserLocks()
+_pg_locks: weakref.WeakKeyDictionary[Any, PgUserLocks] = weakref.WeakKeyDictionary()
 
 
 def user_locks_for(store: BaseStore) -> UserLocks:
     """Postgres locks for the Postgres store (shared by all workers), process locks otherwise."""
     from langgraph.store.postgres.aio import AsyncPostgresStore
 
-    if isinstance(store, AsyncPostgresStore):
-        return PgUserLocks(store.conn)  # type: ignore[arg-type]
-    return _local
+    if not isinstance(store, AsyncPostgresStore):
+        return _local
+    locks = _pg_locks.get(store)
+    if locks is None:
+        locks = _pg_locks[store] = PgUserLocks(store.conn)  # type: ignore[arg-type]
+    return locks

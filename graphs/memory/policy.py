@@ -520,14 +520,29 @@ def _is_phone(text: str) -> bool:
 
 
 def is_tombstoned(*, key: str, content: str, tombstones: Iterable[Tombstone]) -> bool:
-    """True if a forget record matches the key, the fact's hash key or the normalised fact."""
+    """True if a forget record matches the key, the fact's hash key, or the fact itself.
+
+    The fact matches when the normalised texts are equal or one contains the other as whole
+    words ("prefers window seats" forbids "prefers window seats as usual"): a forgotten fact
+    restated with a few extra words is still the forgotten fact.
+    """
     fact = normalise_fact(content)
     keys = {key, fact_key(content)}
     return any(
         (t.key is not None and t.key in keys)
-        or (t.fact is not None and normalise_fact(t.fact) == fact)
+        or (t.fact is not None and _same_fact(normalise_fact(t.fact), fact))
         for t in tombstones
     )
+
+
+def _same_fact(forgotten: str, candidate: str) -> bool:
+    if forgotten == candidate:
+        return True
+    shorter, longer = sorted((forgotten, candidate), key=len)
+    # Too short to stand for a fact on its own ("is", "likes"): only exact matches count.
+    if len(shorter.split()) < 2:
+        return False
+    return f" {shorter} " in f" {longer} "
 
 
 def check_op(

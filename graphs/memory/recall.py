@@ -47,11 +47,18 @@ async def recall(
     limit: int = DEFAULT_LIMIT,
     threshold: float = DEFAULT_THRESHOLD,
 ) -> Recalled:
-    """Read straight from the store every turn: no cache, so a forget is honoured next turn."""
+    """Read straight from the store every turn: no cache, so a forget is honoured next turn.
+
+    One store batch (settings, pinned profile, semantic search): a single round trip besides
+    the query embedding. Memory switched off recalls nothing.
+    """
     started = time.perf_counter()
-    pinned = await memory.pinned()
     searched = bool(query.strip()) and not is_trivial(query)
-    relevant = await memory.search(query, limit=limit, threshold=threshold) if searched else []
+    settings, pinned, relevant = await memory.recall_batch(
+        query if searched else None, limit=limit, threshold=threshold
+    )
+    if not settings.enabled:
+        pinned, relevant = [], []
     latency_ms = (time.perf_counter() - started) * 1000
     log.info(
         "recall user=%s pinned=%d relevant=%d searched=%s latency_ms=%.1f",

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from langgraph.store.base import GetOp, SearchItem, SearchOp
+
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
 
@@ -115,6 +117,25 @@ class ScopedMemory:
         items = await self._store.asearch(self._ns(PROFILE), limit=limit)
         return [Memory.from_item(i) for i in items]
 
+    async def recall_batch(
+        self, query: str | None, *, limit: int, threshold: float
+    ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
+        """Settings, pinned facts and the facts closest to query, in one store batch."""
+        ops: list[Any] = [
+            GetOp(self._ns(SETTINGS), "prefs"),
+            SearchOp(self._ns(PROFILE), limit=20),
+        ]
+        if query:
+            ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit))
+        results: list[Any] = list(await self._store.abatch(ops))
+        settings = _settings_from(results[0])
+        pinned = [Memory.from_item(i) for i in results[1]]
+        found: list[SearchItem] = results[2] if query else []
+        relevant = [
+            Memory.from_item(i) for i in found if i.score is not None and i.score >= threshold
+        ]
+        return settings, pinned, relevant
+
     async def search(
         self, query: str, *, limit: int, threshold: float, kinds: tuple[str, ...] = (FACTS,)
     ) -> list[Memory]:
@@ -191,10 +212,12 @@ class ScopedMemory:
 
     async def clear_tombstone(self, *, key: str, content: str) -> bool:
         """The user restated a forgotten fact and explicitly asked to remember it."""
-        fact = normalise_fact(content)
+        from graphs.memory.policy import is_tombstoned
+
         cleared = False
         for item in await self._store.asearch(self._ns(TOMBSTONES), limit=10_000):
-            if item.value.get("key") == key or item.value.get("fact") == fact:
+            tombstone = Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
+            if is_tombstoned(key=key, content=content, tombstones=[tombstone]):
                 await self._store.adelete(self._ns(TOMBSTONES), item.key)
                 cleared = True
         return cleared
@@ -203,12 +226,17 @@ class ScopedMemory:
         """Safety net after every job: delete anything that matches a tombstone."""
         from graphs.memory.policy import is_tombstoned
 
-        tombstones = await self.tombstones()
         removed = 0
         async with self.locked():
+            tombstones = await self.tombstones()
             for memory in await self.all_memories():
                 if is_tombstoned(key=memory.key, content=memory.content, tombstones=tombstones):
                     await self.delete(memory.key)
+                    removed += 1
+            for suggestion in await self.suggestions():
+                key, content = str(suggestion.get("key")), str(suggestion.get("content"))
+                if is_tombstoned(key=key, content=content, tombstones=tombstones):
+                    await self.drop_suggestion(key)
                     removed += 1
         if removed:
             log.warning("sweep removed %d tombstoned memories for user %s", removed, self.user_id)
@@ -240,14 +268,17 @@ class ScopedMemory:
         await self._store.aput(self._ns(MARKERS), thread_id, value, index=False)
 
     async def settings(self) -> MemorySettings:
-        item = await self._store.aget(self._ns(SETTINGS), "prefs")
-        if item is None:
-            return MemorySettings()
-        return MemorySettings(
-            enabled=bool(item.value.get("enabled", True)),
-            opted_in=frozenset(item.value.get("opted_in", [])),
-        )
+        return _settings_from(await self._store.aget(self._ns(SETTINGS), "prefs"))
 
     async def save_settings(self, settings: MemorySettings) -> None:
         value = {"enabled": settings.enabled, "opted_in": sorted(settings.opted_in)}
         await self._store.aput(self._ns(SETTINGS), "prefs", value, index=False)
+
+
+def _settings_from(item: Item | None) -> MemorySettings:
+    if item is None:
+        return MemorySettings()
+    return MemorySettings(
+        enabled=bool(item.value.get("enabled", True)),
+        opted_in=frozenset(item.value.get("opted_in", [])),
+    )

