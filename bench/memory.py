@@ -79,11 +79,12 @@ async def _seed(p: Persistence, rng: random.Random) -> list[str]:
                 for i, text in enumerate(rng.sample(texts, PER_USER)):
                     value = {"content": text, "category": "fact", "stated": True}
                     await copy.write_row((f"memories.{user}.facts", f"k{i}", json.dumps(value)))
+        cur = await conn.execute("SELECT prefix, key, value->>'content' AS c FROM store")
+        rows = await cur.fetchall()
         async with conn.cursor().copy(
             "COPY store_vectors (prefix, key, field_name, embedding) FROM STDIN"
         ) as copy:
-            cur = await conn.execute("SELECT prefix, key, value->>'content' AS c FROM store")
-            for row in await cur.fetchall():
+            for row in rows:
                 vec = "[" + ",".join(f"{x:.6f}" for x in vectors[row["c"]]) + "]"
                 await copy.write_row((row["prefix"], row["key"], "content", vec))
         await conn.execute("ANALYZE store; ANALYZE store_vectors")
@@ -241,11 +242,14 @@ async def main() -> None:
         )
         await p.embedding.embeddings.warm_up()  # type: ignore[attr-defined]
         try:
-            results = {
-                "recall": await bench_recall(p),
-                "checkpoints": await bench_checkpoints(p),
-                "jobs": await bench_jobs(p),
-            }
+            results = {}
+            for name, phase in (
+                ("recall", bench_recall),
+                ("checkpoints", bench_checkpoints),
+                ("jobs", bench_jobs),
+            ):
+                print(f"[bench] {name} ...", flush=True)
+                results[name] = await phase(p)
         finally:
             await p.close()
     RESULTS.parent.mkdir(exist_ok=True)

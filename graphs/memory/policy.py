@@ -545,6 +545,40 @@ def _same_fact(forgotten: str, candidate: str) -> bool:
     return f" {shorter} " in f" {longer} "
 
 
+_SENSITIVE_TERMS: Final[dict[str, re.Pattern[str]]] = {
+    "health": re.compile(
+        r"\b(diabet\w*|asthma\w*|cancer|tumou?r|depress\w*|anxiety|adhd|autis\w*|hiv|"
+        r"pregnan\w*|medication|diagnos\w*|therap\w*|chemo\w*|disabilit\w*|migraines?|"
+        r"epilep\w*|bipolar|schizophren\w*|rehab)\b",
+        re.I,
+    ),
+    "religion": re.compile(
+        r"\b(pray\w*|mosque|church|temple|synagogue|gurdwara|muslim|christian|hindu|jewish|"
+        r"sikh|buddhist|atheist|ramadan|bible|quran|torah|religio\w*)\b",
+        re.I,
+    ),
+    "politics": re.compile(
+        r"\b(vot(e|es|ed|ing) for|political|democrat\w*|republican\w*|bjp|"
+        r"labour party|conservative party|socialist|communist)\b",
+        re.I,
+    ),
+    "sexuality": re.compile(
+        r"\b(gay|lesbian|bisexual|transgender|queer|asexual|sexual orientation)\b", re.I
+    ),
+    "finance_sensitive": re.compile(
+        r"\b(salary|income|debts?|loans?|credit score|bankrupt\w*|net worth)\b", re.I
+    ),
+}
+
+
+def sensitive_topic(content: str) -> str | None:
+    """The sensitive category a fact touches, whatever category the model gave it."""
+    for category, pattern in _SENSITIVE_TERMS.items():
+        if pattern.search(content):
+            return category
+    return None
+
+
 def check_op(
     op: MemoryOp,
     *,
@@ -554,6 +588,10 @@ def check_op(
     max_chars: int = MAX_CHARS,
 ) -> Verdict:
     """Decide whether one proposed op may be written, and under which key."""
+    topic = sensitive_topic(op.content)
+    if topic is not None and op.category not in SENSITIVE_CATEGORIES:
+        # The model's label is not trusted: a fact about prayers is a religion fact.
+        op = op.model_copy(update={"category": topic})
     if op.action == "noop":
         return Verdict(op, op.key, accepted=False, reason=NOOP)
     problem = _content_problem(op, opted_in=opted_in, max_chars=max_chars)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -210,6 +211,20 @@ class ScopedMemory:
             await self.delete(key)
         log.info("forgot memory user=%s key=%s (%s)", self.user_id, memory.key, reason)
 
+    async def resembles_forgotten(
+        self, content: str, tombstones: list[Tombstone], *, threshold: float = 0.78
+    ) -> bool:
+        """A forgotten fact in other words ("likes window seats" after forgetting "prefers
+        window seats"). Cosine similarity of the store's own embeddings; 0.78 keeps apart
+        "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76) on MiniLM.
+        """
+        embeddings = getattr(self._store, "embeddings", None)
+        facts = [t.fact for t in tombstones if t.fact]
+        if embeddings is None or not facts:
+            return False
+        vectors = await embeddings.aembed_documents([normalise_fact(content), *facts])
+        return any(_cosine(vectors[0], other) >= threshold for other in vectors[1:])
+
     async def clear_tombstone(self, *, key: str, content: str) -> bool:
         """The user restated a forgotten fact and explicitly asked to remember it."""
         from graphs.memory.policy import is_tombstoned
@@ -282,3 +297,9 @@ def _settings_from(item: Item | None) -> MemorySettings:
         enabled=bool(item.value.get("enabled", True)),
         opted_in=frozenset(item.value.get("opted_in", [])),
     )
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0

@@ -133,9 +133,10 @@ async def _apply(
             op = verdict.op
             # Checked again right before each write: a forget may have landed since the job
             # began (the lock keeps a new one out until this batch is done).
+            tombstones = await memory.tombstones()
             if is_tombstoned(
-                key=verdict.key, content=op.content, tombstones=await memory.tombstones()
-            ):
+                key=verdict.key, content=op.content, tombstones=tombstones
+            ) or await memory.resembles_forgotten(op.content, tombstones):
                 report.rejected[TOMBSTONED] += 1
                 continue
             if op.category in SENSITIVE_CATEGORIES:
