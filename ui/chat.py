@@ -16,6 +16,7 @@ from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owner
 from graphs.core.context import Context
 from graphs.core.models import offline_notice
+from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
@@ -80,7 +81,13 @@ async def handle_message(message: cl.Message) -> None:
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return
-    inputs = {"messages": [HumanMessage(compose(message.content, attachments), id=message.id)]}
+    text = compose(message.content, attachments)
+    if agent.key == "assistant":
+        # Overlaps the recall query's embedding with the checkpoint load before recall runs.
+        prefetch = getattr(runtime.persistence.embedding.embeddings, "prefetch", None)  # type: ignore[union-attr]
+        if prefetch is not None and not is_trivial(text):
+            prefetch(text)
+    inputs = {"messages": [HumanMessage(text, id=message.id)]}
     await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage, trim_messages
+from langchain_core.messages import (
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+    trim_messages,
+)
 from langgraph.graph import START, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.runtime import Runtime
@@ -25,6 +31,10 @@ if TYPE_CHECKING:
 
 MODEL_WINDOW_TOKENS = 6000
 """What the model sees, in approximate tokens; the checkpoint keeps everything."""
+MAX_STATE_MESSAGES = 80
+"""Live state keeps the latest messages (whole turns); older ones stay in the thread's checkpoint
+history (get_state_history) and in the conversation record, so turn time and checkpoint bytes
+stay flat however long a thread grows."""
 TOOL_CALL_BUDGET = 4
 """Tool calls per user message before the model is told to answer with what it has."""
 
@@ -57,7 +67,9 @@ def build_graph(
         window = _window(state["messages"])
         runnable = llm if over_budget else with_tools
         reply = await runnable.ainvoke([SystemMessage(prompt), *window])
-        return {"messages": [reply]}
+        if getattr(reply, "tool_calls", None):
+            return {"messages": [reply]}
+        return {"messages": [reply, *_prune([*state["messages"], reply])]}
 
     builder = StateGraph(State, context_schema=Context)
     builder.add_node(recall_memories)
@@ -75,6 +87,18 @@ def assistant_model() -> BaseChatModel:
     from graphs.core.settings import get_settings
 
     return offline_assistant() if get_settings().offline else chat_model("chat")
+
+
+def _prune(messages: list[Any]) -> list[RemoveMessage]:
+    """Drop the oldest whole turns once the live state is over MAX_STATE_MESSAGES."""
+    excess = len(messages) - MAX_STATE_MESSAGES
+    if excess <= 0:
+        return []
+    cut = next(
+        (i for i in range(excess, len(messages)) if isinstance(messages[i], HumanMessage)),
+        excess,
+    )
+    return [RemoveMessage(id=m.id) for m in messages[:cut] if m.id]
 
 
 def _window(messages: list[Any]) -> list[Any]:

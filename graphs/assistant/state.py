@@ -17,6 +17,12 @@ def add_message_batches(state: list[AnyMessage], batches: Sequence[Any]) -> list
     return state
 
 
+SNAPSHOT_EVERY = 10
+"""Updates between full snapshots of the (bounded) message list. Reading state replays the
+writes since the last snapshot, so fewer means faster turns; each snapshot costs one copy of
+the live window (graphs.assistant.graph.MAX_STATE_MESSAGES)."""
+
+
 class RecalledMemory(TypedDict):
     key: str
     content: str
@@ -27,6 +33,6 @@ class State(TypedDict):
 
     # DeltaChannel: each checkpoint stores only the new messages (flat bytes per turn) while
     # the thread's full history is still rebuilt from its checkpoints.
-    messages: Annotated[list[AnyMessage], DeltaChannel(add_message_batches)]
+    messages: Annotated[list[AnyMessage], DeltaChannel(add_message_batches, snapshot_frequency=SNAPSHOT_EVERY)]
     recalled: list[RecalledMemory]
     """Memories for this turn's prompt; replaced by recall_memories, trimmed by forget."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_DIMS = 384
+_MAX_PREFETCHED = 64
 
 
 class EmbeddingModelChanged(RuntimeError):
@@ -28,6 +29,7 @@ class LocalMiniLM(Embeddings):
     def __init__(self) -> None:
         self._model: Any = None
         self._lock = threading.Lock()
+        self._prefetched: dict[str, asyncio.Future[list[float]]] = {}
 
     def _load(self) -> Any:
         with self._lock:
@@ -50,10 +52,26 @@ class LocalMiniLM(Embeddings):
 
     # The store awaits these; running the CPU work in a thread keeps the event loop free.
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        if len(texts) == 1 and (ahead := self._prefetched.pop(texts[0], None)) is not None:
+            return [await ahead]
         return await asyncio.to_thread(self.embed_documents, texts)
 
     async def aembed_query(self, text: str) -> list[float]:
+        if (ahead := self._prefetched.pop(text, None)) is not None:
+            return await ahead
         return await asyncio.to_thread(self.embed_query, text)
+
+    def prefetch(self, text: str) -> None:
+        """Start embedding a query now (e.g. when a message arrives) so recall finds it ready.
+
+        Only the query's vector is kept, for one use: nothing remembered is cached, so
+        forgetting is unaffected.
+        """
+        if text in self._prefetched:
+            return
+        while len(self._prefetched) >= _MAX_PREFETCHED:
+            self._prefetched.pop(next(iter(self._prefetched))).cancel()
+        self._prefetched[text] = asyncio.ensure_future(asyncio.to_thread(self.embed_query, text))
 
     async def warm_up(self) -> None:
         await asyncio.to_thread(self._load)

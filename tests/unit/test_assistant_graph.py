@@ -8,7 +8,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from graphs.assistant.graph import build_graph
+from graphs.assistant.graph import MAX_STATE_MESSAGES, build_graph
 from graphs.assistant.prompts import SYSTEM_PROMPT
 from graphs.core.context import Context
 from tests.fakes import ScriptedChatModel
@@ -78,7 +78,7 @@ async def test_the_model_sees_the_system_prompt_first_then_the_conversation() ->
     assert [m.text for m in model.seen[1][1:]] == ["one", "first", "two"]
 
 
-async def test_a_long_history_is_trimmed_for_the_model_but_kept_in_the_checkpoint() -> None:
+async def test_a_long_history_is_trimmed_for_the_model_but_kept_in_the_checkpoint_history() -> None:
     model = ScriptedChatModel(["short answer"])
     graph = build_graph(checkpointer=InMemorySaver(), store=None, model=model)
     history = long_history(pairs=40, chars=1000)  # ~30,000 tokens, far over the window
@@ -91,12 +91,20 @@ async def test_a_long_history_is_trimmed_for_the_model_but_kept_in_the_checkpoin
 
     window = model.seen[0][1:]
     state = await graph.aget_state(run_config("long"))
-    assert len(state.values["messages"]) == len(history) + 2
+    # The live state keeps whole recent turns only; the rest stays in the checkpoint history.
+    live = state.values["messages"]
+    assert len(live) <= MAX_STATE_MESSAGES
+    assert isinstance(live[0], HumanMessage)
+    assert live[-1].text == "short answer"
+    earlier = [s async for s in graph.aget_state_history(run_config("long"))]
+    assert any(
+        history[0].id in {m.id for m in snapshot.values.get("messages", [])} for snapshot in earlier
+    )
     assert 0 < len(window) < len(history)
     assert isinstance(window[0], HumanMessage)
     assert window[-1].text == "and the latest question?"
     # The window is the most recent part of the conversation, in order.
-    kept = [m.id for m in state.values["messages"][-1 - len(window) : -1]]
+    kept = [m.id for m in live[-1 - len(window) : -1]]
     assert [m.id for m in window] == kept
 
 
