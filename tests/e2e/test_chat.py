@@ -9,6 +9,8 @@ import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
 from playwright.sync_api import expect
 
+from graphs.assistant.graph import build_graph
+from graphs.core.offline import OfflineChatModel
 from tests.e2e.conftest import login, wait_until_connected
 
 pytestmark = pytest.mark.e2e
@@ -17,10 +19,11 @@ THREAD_URL = re.compile(r".*/thread/([0-9a-f-]{36})$")
 
 
 def checkpoint_messages(database_url: str, thread_id: str) -> list:
+    """The thread's messages as the graph reads them from its Postgres checkpoints."""
     with psycopg.connect(database_url, autocommit=True, prepare_threshold=0) as conn:
-        saver = PostgresSaver(conn)
-        state = saver.get_tuple({"configurable": {"thread_id": thread_id}})
-    return state.checkpoint["channel_values"]["messages"] if state else []
+        graph = build_graph(checkpointer=PostgresSaver(conn), store=None, model=OfflineChatModel())
+        state = graph.get_state({"configurable": {"thread_id": thread_id}})
+    return list(state.values.get("messages", []))
 
 
 def send(page, text: str) -> None:
@@ -48,8 +51,8 @@ def test_login_then_reply_streams_token_by_token(app_server, browser):
 
 def test_conversation_resumes_after_server_restart(app_server, browser):
     page = login(browser, app_server, "alice")
-    send(page, "Remember the word marigold for this chat")
-    expect(page.get_by_text("You said: Remember the word marigold")).to_be_visible()
+    send(page, "Note the word marigold for this chat")
+    expect(page.get_by_text("You said: Note the word marigold")).to_be_visible()
     page.wait_for_url(THREAD_URL)
     thread_id = THREAD_URL.match(page.url).group(1)
     page.context.close()
@@ -57,10 +60,10 @@ def test_conversation_resumes_after_server_restart(app_server, browser):
     app_server.restart()
 
     page = login(browser, app_server, "alice")
-    page.get_by_text("Remember the word marigold for this chat").first.click()
+    page.get_by_text("Note the word marigold for this chat").first.click()
     page.wait_for_url(f"**/thread/{thread_id}")
     page.locator("#chat-input").wait_for()
-    expect(page.get_by_text("You said: Remember the word marigold")).to_be_visible()
+    expect(page.get_by_text("You said: Note the word marigold")).to_be_visible()
     send(page, "And a second message after the restart")
     expect(page.get_by_text("You said: And a second message after the restart")).to_be_visible()
 
