@@ -33,6 +33,8 @@ class State(TypedDict):
 
     # DeltaChannel: each checkpoint stores only the new messages (flat bytes per turn) while
     # the thread's full history is still rebuilt from its checkpoints.
-    messages: Annotated[list[AnyMessage], DeltaChannel(add_message_batches, snapshot_frequency=SNAPSHOT_EVERY)]
+    messages: Annotated[
+        list[AnyMessage], DeltaChannel(add_message_batches, snapshot_frequency=SNAPSHOT_EVERY)
+    ]
     recalled: list[RecalledMemory]
     """Memories for this turn's prompt; replaced by recall_memories, trimmed by forget."""

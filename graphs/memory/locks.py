@@ -46,7 +46,7 @@ class PgUserLocks:
     in this process does not occupy a lock connection either.
     """
 
-    def __init__(self, pool: Pool, *, max_connections: int = 4) -> None:
+    def __init__(self, pool: Pool, *, max_connections: int = 16) -> None:
         self._app_pool = pool
         self._max = max_connections
         self._lock_pool: AsyncConnectionPool[Any] | None = None
@@ -56,7 +56,7 @@ class PgUserLocks:
         if self._lock_pool is None:
             self._lock_pool = AsyncConnectionPool(
                 self._app_pool.conninfo,
-                min_size=0,
+                min_size=1,
                 max_size=self._max,
                 open=False,
                 kwargs={"autocommit": True},

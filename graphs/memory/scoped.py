@@ -239,22 +239,26 @@ class ScopedMemory:
 
     async def sweep(self) -> int:
         """Safety net after every job: delete anything that matches a tombstone."""
+        async with self.locked():
+            return await self.sweep_locked()
+
+    async def sweep_locked(self) -> int:
+        """sweep() for a caller that already holds this user's lock."""
         from graphs.memory.policy import is_tombstoned
 
         removed = 0
-        async with self.locked():
-            tombstones = await self.tombstones()
-            for memory in await self.all_memories():
-                if is_tombstoned(key=memory.key, content=memory.content, tombstones=tombstones):
-                    await self.delete(memory.key)
-                    removed += 1
-            for suggestion in await self.suggestions():
-                key, content = str(suggestion.get("key")), str(suggestion.get("content"))
-                if is_tombstoned(key=key, content=content, tombstones=tombstones):
-                    await self.drop_suggestion(key)
-                    removed += 1
+        tombstones = await self.tombstones()
+        for memory in await self.all_memories():
+            if is_tombstoned(key=memory.key, content=memory.content, tombstones=tombstones):
+                await self.delete(memory.key)
+                removed += 1
+        for suggestion in await self.suggestions():
+            key, content = str(suggestion.get("key")), str(suggestion.get("content"))
+            if is_tombstoned(key=key, content=content, tombstones=tombstones):
+                await self.drop_suggestion(key)
+                removed += 1
         if removed:
-            log.warning("sweep removed %d tombstoned memories for user %s", removed, self.user_id)
+            log.warning("sweep removed %d tombstoned items for user %s", removed, self.user_id)
         return removed
 
     # Suggestions ----------------------------------------------------------------------------

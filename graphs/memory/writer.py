@@ -80,8 +80,9 @@ async def write_memories(
     report.proposed = len(ops.ops)
     verdicts = check_ops(ops, existing=existing, tombstones=tombstones, opted_in=settings.opted_in)
     source = {"thread_id": thread_id, "message_id": new[-1].id, "job_run_id": run_id}
-    await _apply(memory, verdicts, source=source, report=report)
-    report.swept = await memory.sweep()
+    async with memory.locked():
+        await _apply(memory, verdicts, source=source, report=report)
+        report.swept = await memory.sweep_locked()
     # Only now, with the whole batch done, does the marker move past these messages.
     await memory.set_marker(thread_id, last_message_id=new[-1].id)
     for reason, count in report.rejected.items():
@@ -125,32 +126,32 @@ async def _propose(
 async def _apply(
     memory: ScopedMemory, verdicts: list[Verdict], *, source: dict[str, Any], report: WriteReport
 ) -> None:
-    async with memory.locked():
-        for verdict in verdicts:
-            if not verdict.accepted or verdict.key is None:
-                report.rejected[verdict.reason] += 1
-                continue
-            op = verdict.op
-            # Checked again right before each write: a forget may have landed since the job
-            # began (the lock keeps a new one out until this batch is done).
-            tombstones = await memory.tombstones()
-            if is_tombstoned(
-                key=verdict.key, content=op.content, tombstones=tombstones
-            ) or await memory.resembles_forgotten(op.content, tombstones):
-                report.rejected[TOMBSTONED] += 1
-                continue
-            if op.category in SENSITIVE_CATEGORIES:
-                await memory.suggest(
-                    verdict.key, content=op.content, category=op.category, source=source
-                )
-                report.suggested.append(verdict.key)
-                continue
-            await memory.put(
-                verdict.key,
-                content=op.content,
-                category=op.category,
-                source=source,
-                confidence=op.confidence,
-                stated=op.stated,
+    """Write the accepted ops. The caller holds the user's lock, so no forget interleaves."""
+    for verdict in verdicts:
+        if not verdict.accepted or verdict.key is None:
+            report.rejected[verdict.reason] += 1
+            continue
+        op = verdict.op
+        # Checked again right before each write: a forget may have landed since the job
+        # began (the lock keeps a new one out until this batch is done).
+        tombstones = await memory.tombstones()
+        if is_tombstoned(
+            key=verdict.key, content=op.content, tombstones=tombstones
+        ) or await memory.resembles_forgotten(op.content, tombstones):
+            report.rejected[TOMBSTONED] += 1
+            continue
+        if op.category in SENSITIVE_CATEGORIES:
+            await memory.suggest(
+                verdict.key, content=op.content, category=op.category, source=source
             )
-            report.written.append(verdict.key)
+            report.suggested.append(verdict.key)
+            continue
+        await memory.put(
+            verdict.key,
+            content=op.content,
+            category=op.category,
+            source=source,
+            confidence=op.confidence,
+            stated=op.stated,
+        )
+        report.written.append(verdict.key)
