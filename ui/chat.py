@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import chainlit as cl
 from chainlit.types import ThreadDict
 from langchain_core.messages import HumanMessage
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
+from pydantic import BaseModel
 
 from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owner
@@ -25,6 +27,8 @@ from ui.runtime import get_runtime
 from ui.streaming import run_turn
 
 log = logging.getLogger("cairn")
+
+P = TypeVar("P", bound=BaseModel)
 
 
 async def chat_profiles(user: cl.User | None = None) -> list[cl.ChatProfile]:
@@ -98,44 +102,48 @@ async def refuse(text: str) -> None:
     await error.send()
 
 
-async def retry_turn(action: cl.Action) -> None:
+@dataclass(frozen=True)
+class CheckedAction(Generic[P]):
+    payload: P
+    agent: Agent
+    context: Context
+
+
+async def _check_action(action: cl.Action, model: type[P]) -> CheckedAction[P] | None:
+    """Schema, session thread and ownership checks every button press goes through."""
     runtime = get_runtime()
     user_id = session_user_id()
     thread_id = cl.context.session.thread_id
-    flag_client_identity(action.payload, where="retry action", user_id=user_id)
+    flag_client_identity(action.payload, where=f"{action.name} action", user_id=user_id)
     try:
-        parse_payload(RetryPayload, action, thread_id=thread_id)
+        payload = parse_payload(model, action, thread_id=thread_id)
         agent = agent_by_key(
             await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
         )
     except ActionRejected as exc:
         await refuse(str(exc))
-        return
+        return None
     except ThreadNotFound:
         await refuse(NOT_FOUND)
+        return None
+    context = Context(user_id=user_id, thread_id=thread_id, agent=agent.key)
+    return CheckedAction(payload=payload, agent=agent, context=context)
+
+
+async def retry_turn(action: cl.Action) -> None:
+    if (checked := await _check_action(action, RetryPayload)) is None:
         return
     await action.remove()
     # None resumes the thread from its last checkpoint: the failed node runs again.
-    await _run(agent, None, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+    await _run(checked.agent, None, checked.context)
 
 
 async def resume_interrupt(action: cl.Action) -> None:
     """A button answering a paused run: checked against the session, the thread and the pause."""
+    if (checked := await _check_action(action, ResumePayload)) is None:
+        return
+    agent, payload, thread_id = checked.agent, checked.payload, checked.context.thread_id
     runtime = get_runtime()
-    user_id = session_user_id()
-    thread_id = cl.context.session.thread_id
-    flag_client_identity(action.payload, where="resume action", user_id=user_id)
-    try:
-        payload = parse_payload(ResumePayload, action, thread_id=thread_id)
-        agent = agent_by_key(
-            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
-        )
-    except ActionRejected as exc:
-        await refuse(str(exc))
-        return
-    except ThreadNotFound:
-        await refuse(NOT_FOUND)
-        return
     graph = runtime.graphs.get(agent.key)
     pending = await _pending_interrupts(graph, thread_id) if graph is not None else []
     if payload.interrupt_id not in {i.id for i in pending}:
@@ -143,7 +151,7 @@ async def resume_interrupt(action: cl.Action) -> None:
         return
     await clear_prompt(payload.interrupt_id)
     command: Command[Any] = Command(resume={payload.interrupt_id: {"decision": payload.decision}})
-    await _run(agent, command, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+    await _run(agent, command, checked.context)
 
 
 async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:

@@ -94,6 +94,9 @@ async def run_turn(
         f"{(first_token_at - started) * 1000:.1f}" if first_token_at else "-",
         (time.perf_counter() - started) * 1000,
     )
+    if interrupts:
+        # The stream reports them as plain dicts; the state gives the Interrupt objects.
+        interrupts = list((await graph.aget_state(config)).interrupts)
     return TurnResult(reply=reply, interrupts=interrupts)
 
 

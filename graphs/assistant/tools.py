@@ -74,7 +74,9 @@ async def remember(fact: str, category: Category, runtime: ToolRuntime[Context, 
     )
     if not verdict.accepted or verdict.key is None:
         return f"Not saved: {REFUSALS.get(verdict.reason, verdict.reason)}."
-    if category in SENSITIVE_CATEGORIES and not _confirmed(op):
+    # The policy may have re-labelled the fact (a fact about asthma is a health fact).
+    category = verdict.op.category
+    if category in SENSITIVE_CATEGORIES and not _confirmed(verdict.op):
         return "Not saved: you chose not to store that."
     source = {"thread_id": runtime.context.thread_id, "kind": "remember_tool"}
     async with memory.locked():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import psycopg
@@ -82,3 +83,33 @@ def test_memories_never_cross_users(app_server, browser):
     expect(bob.get_by_text("Zephyrine")).to_have_count(0)
     alice.context.close()
     bob.context.close()
+
+
+def _opt_in(database_url: str, username: str, category: str) -> None:
+    """What the settings page will do: allow one sensitive category for this account."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO store (prefix, key, value) "
+            "SELECT 'memories.cairn:' || subject || '.settings', 'prefs', %s::jsonb "
+            "FROM local_accounts WHERE username = %s "
+            "ON CONFLICT (prefix, key) DO UPDATE SET value = EXCLUDED.value",
+            (json.dumps({"enabled": True, "opted_in": [category]}), username),
+        )
+
+
+def test_sensitive_fact_waits_for_confirmation_buttons(app_server, browser):
+    _opt_in(app_server.database_url, "bob", "health")
+    page = login(browser, app_server, "bob")
+
+    send(page, "remember that I have asthma")
+    expect(page.get_by_text("Should I store it?")).to_be_visible()
+    assert not any("asthma" in m for m in stored_memories(app_server.database_url))
+    page.get_by_role("button", name="Remember it").click()
+    expect(page.get_by_text("Saved: User have asthma")).to_be_visible()
+    assert any("asthma" in m for m in stored_memories(app_server.database_url))
+
+    send(page, "remember that I take insulin medication")
+    page.get_by_role("button", name="Don't store it").click()
+    expect(page.get_by_text("Not saved: you chose not to store that.")).to_be_visible()
+    assert not any("insulin" in m for m in stored_memories(app_server.database_url))
+    page.context.close()
