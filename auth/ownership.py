@@ -22,19 +22,24 @@ class ThreadNotFound(LookupError):
         super().__init__(NOT_FOUND)
 
 
-async def claim_thread(pool: Pool, *, thread_id: str, user_id: str, agent: str) -> None:
-    """Record user_id as the owner of a new thread, or check they own an existing one."""
+async def claim_thread(pool: Pool, *, thread_id: str, user_id: str, agent: str) -> str:
+    """Record user_id as the owner of a new thread, or check they own an existing one.
+
+    Returns the agent the thread was started with, which wins over the one asked for now.
+    One statement: the insert either creates the row or hands back the existing one.
+    """
     async with pool.connection() as conn:
         cur = await conn.execute(
             "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, %s) "
             "ON CONFLICT (thread_id) DO UPDATE SET thread_id = EXCLUDED.thread_id "
-            "RETURNING owner_id",
+            "RETURNING owner_id, agent",
             (thread_id, user_id, agent),
         )
         row = await cur.fetchone()
     if row is None or row["owner_id"] != user_id:
         log.warning("refused: user %s tried to use thread %s owned by another", user_id, thread_id)
         raise ThreadNotFound
+    return str(row["agent"])
 
 
 async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> str:

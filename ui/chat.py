@@ -76,23 +76,25 @@ async def handle_message(message: cl.Message) -> None:
         return
     thread_id = cl.context.session.thread_id
     agent = agent_for_profile(cl.user_session.get("chat_profile"))
+    text = compose(message.content, attachments)
+    _prefetch_recall_query(runtime, text)
     try:
-        await claim_thread(runtime.pool, thread_id=thread_id, user_id=user_id, agent=agent.key)
         # A thread keeps the agent it was started with, whatever profile the client reports.
         agent = agent_by_key(
-            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+            await claim_thread(runtime.pool, thread_id=thread_id, user_id=user_id, agent=agent.key)
         )
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return
-    text = compose(message.content, attachments)
-    if agent.key == "assistant":
-        # Overlaps the recall query's embedding with the checkpoint load before recall runs.
-        prefetch = getattr(runtime.persistence.embedding.embeddings, "prefetch", None)  # type: ignore[union-attr]
-        if prefetch is not None and not is_trivial(text):
-            prefetch(text)
     inputs = {"messages": [HumanMessage(text, id=message.id)]}
     await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+
+
+def _prefetch_recall_query(runtime: Any, text: str) -> None:
+    """Start embedding the recall query now, overlapping the ownership check and checkpoint load."""
+    prefetch = getattr(runtime.persistence.embedding.embeddings, "prefetch", None)
+    if prefetch is not None and not is_trivial(text):
+        prefetch(text)
 
 
 async def refuse(text: str) -> None:

@@ -103,7 +103,9 @@ async def test_concurrent_claims_of_a_new_thread_have_exactly_one_winner(
             return_exceptions=True,
         )
 
-        winners = [user for user, result in zip(users, results, strict=True) if result is None]
+        winners = [
+            user for user, result in zip(users, results, strict=True) if result == "assistant"
+        ]
         losers = [result for result in results if isinstance(result, ThreadNotFound)]
         assert len(winners) == 1
         assert len(losers) == 1
