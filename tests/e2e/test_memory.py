@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import psycopg
@@ -12,6 +13,8 @@ from playwright.sync_api import expect
 from tests.e2e.conftest import login, wait_until_connected
 
 pytestmark = pytest.mark.e2e
+
+THREAD_URL = re.compile(r".*/thread/([0-9a-f-]{36})$")
 
 
 def send(page, text: str) -> None:
@@ -112,4 +115,23 @@ def test_sensitive_fact_waits_for_confirmation_buttons(app_server, browser):
     page.get_by_role("button", name="Don't store it").click()
     expect(page.get_by_text("Not saved: you chose not to store that.")).to_be_visible()
     assert not any("insulin" in m for m in stored_memories(app_server.database_url))
+    page.context.close()
+
+
+def test_pending_confirmation_survives_a_server_restart(app_server, browser):
+    _opt_in(app_server.database_url, "alice", "health")
+    page = login(browser, app_server, "alice")
+    send(page, "remember that I have a migraine condition")
+    expect(page.get_by_text("Should I store it?")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_url = page.url
+    page.context.close()
+
+    app_server.restart()
+
+    page = login(browser, app_server, "alice")
+    page.goto(thread_url)
+    page.get_by_role("button", name="Remember it").last.click()
+    expect(page.get_by_text("Saved: User have a migraine condition")).to_be_visible()
+    assert any("migraine" in m for m in stored_memories(app_server.database_url))
     page.context.close()
