@@ -15,7 +15,7 @@ chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignm
 
 cl.on_app_startup(runtime.start)
 cl.on_app_shutdown(runtime.stop)
-cl.data_layer(lambda: PostgresDataLayer(_runtime.pool))
+cl.data_layer(lambda: PostgresDataLayer(_runtime.pool, on_delete=runtime.delete_thread_data))
 cl.oauth_callback(oauth_callback)
 cl.set_chat_profiles(chat.chat_profiles)
 cl.on_chat_start(chat.start_chat)

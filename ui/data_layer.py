@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from chainlit.data.chainlit_data_layer import ChainlitDataLayer
@@ -28,9 +29,12 @@ class PostgresDataLayer(ChainlitDataLayer):
     rewritten to psycopg's named style. JSON columns come back as text, as asyncpg returns them.
     """
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(
+        self, pool: Pool, *, on_delete: Callable[[str], Awaitable[None]] | None = None
+    ) -> None:
         super().__init__(database_url="")
         self._pool = pool
+        self._on_delete = on_delete
 
     async def connect(self) -> None:
         """The shared pool is opened by the app at start-up."""
@@ -77,6 +81,15 @@ class PostgresDataLayer(ChainlitDataLayer):
                 log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
                 return
         await super().update_thread(thread_id, name, user_id, metadata, tags)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Chainlit's rows, and first everything else the conversation left behind.
+
+        Chainlit calls this after its author check (ours: unknown and foreign look alike).
+        """
+        if self._on_delete is not None:
+            await self._on_delete(thread_id)
+        await super().delete_thread(thread_id)
 
     async def close(self) -> None:
         """The pool belongs to the app, which closes it on shutdown."""

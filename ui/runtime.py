@@ -131,6 +131,23 @@ async def start() -> None:
     )
 
 
+async def delete_thread_data(thread_id: str) -> None:
+    """What a deleted conversation leaves outside Chainlit: checkpoints, its pending memory
+    job and marker, and its owner record. Memories learned from it stay (forget them from
+    the conversation or, later, the memory page)."""
+    runtime = get_runtime()
+    async with runtime.pool.connection() as conn:
+        cur = await conn.execute(
+            "DELETE FROM cairn_threads WHERE thread_id = %s RETURNING owner_id", (thread_id,)
+        )
+        row = await cur.fetchone()
+    if runtime.persistence is not None:
+        await runtime.persistence.checkpointer.adelete_thread(thread_id)
+    if row is not None and runtime.memory_jobs is not None:
+        await runtime.memory_jobs.forget_thread(user_id=row["owner_id"], thread_id=thread_id)
+    log.info("deleted conversation %s", thread_id)
+
+
 async def stop() -> None:
     if _runtime is None:
         return

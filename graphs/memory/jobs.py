@@ -140,6 +140,18 @@ class MemoryJobs:
         await memory.set_marker(thread_id, due_at=time.time() + self.idle_seconds)
         await self._defer(user_id, thread_id, delay_s=self.idle_seconds)
 
+    async def forget_thread(self, *, user_id: str, thread_id: str) -> None:
+        """A deleted conversation: cancel its queued job and drop its marker."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM procrastinate_jobs WHERE queueing_lock = %s AND status = 'todo'",
+                (queueing_lock(user_id, thread_id),),
+            )
+            job_ids = [row["id"] for row in await cur.fetchall()]
+        for job_id in job_ids:
+            await self.app.job_manager.cancel_job_by_id_async(job_id, delete_job=True)
+        await ScopedMemory(self.store, user_id).drop_marker(thread_id)
+
     async def _defer(self, user_id: str, thread_id: str, *, delay_s: float) -> None:
         # Already queued: that job re-checks the deadline when it wakes up.
         with contextlib.suppress(AlreadyEnqueued):

@@ -286,6 +286,9 @@ class ScopedMemory:
         value = {**await self.marker(thread_id), **fields}
         await self._store.aput(self._ns(MARKERS), thread_id, value, index=False)
 
+    async def drop_marker(self, thread_id: str) -> None:
+        await self._store.adelete(self._ns(MARKERS), thread_id)
+
     async def settings(self) -> MemorySettings:
         return _settings_from(await self._store.aget(self._ns(SETTINGS), "prefs"))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import psycopg
 import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -87,4 +88,33 @@ def test_oversize_message_is_refused_and_nothing_is_stored(app_server, browser):
     assert [m.type for m in messages] == ["human", "ai"]
     send(page, "still working?")
     expect(page.get_by_text("You said: still working?")).to_be_visible()
+    page.context.close()
+
+
+def test_deleting_a_conversation_removes_its_checkpoints_and_owner_record(app_server, browser):
+    page = login(browser, app_server, "alice")
+    send(page, "Note the word heliotrope here")
+    expect(page.get_by_text("You said: Note the word heliotrope here")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(page.url).group(1)
+    assert checkpoint_messages(app_server.database_url, thread_id)
+
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    with httpx.Client(base_url=app_server.url, cookies=cookies) as api:
+        assert (
+            api.request("DELETE", "/project/thread", json={"threadId": thread_id}).status_code
+            == 200
+        )
+        assert api.get(f"/project/thread/{thread_id}").status_code == 404
+
+    assert checkpoint_messages(app_server.database_url, thread_id) == []
+    with psycopg.connect(app_server.database_url, autocommit=True) as conn:
+        owners = conn.execute(
+            "SELECT count(*) FROM cairn_threads WHERE thread_id = %s", (thread_id,)
+        ).fetchone()[0]
+        writes = conn.execute(
+            "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s", (thread_id,)
+        ).fetchone()[0]
+    assert owners == 0
+    assert writes == 0
     page.context.close()
