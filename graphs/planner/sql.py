@@ -180,7 +180,7 @@ def analyst_url(app_url: str) -> str:
     params = conninfo_to_dict(app_url)
     params.pop("password", None)
     params["user"] = ANALYST_ROLE
-    return make_conninfo(**params)
+    return make_conninfo(**params)  # type: ignore[arg-type]
 
 
 class AnalyticsDatabase:
