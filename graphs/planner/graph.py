@@ -50,6 +50,8 @@ MAX_INVALID_ANSWERS = 3
 """Malformed review answers before the review gives up and ends the run."""
 RECENT_STEPS_IN_FULL = 3
 OLDER_RESULT_CHARS = 600
+KEPT_OUTPUT_CHARS = 6000
+"""Tool output up to this size is kept verbatim in a step's result."""
 REJECTED = "Plan rejected: nothing was run. Send a new goal whenever you like."
 
 
@@ -287,23 +289,18 @@ def build_executor(
 
 
 def step_result(messages: list[AnyMessage]) -> str:
-    """The executor's final words, plus the last query's table kept verbatim for the answer."""
+    """The executor's final words, plus the data they rest on kept verbatim: the last query's
+    table (or the last tool output), so the answer can quote exact figures."""
     final = messages[-1] if messages and isinstance(messages[-1], AIMessage) else None
     text = str(final.text).strip() if final is not None else ""
-    tool_outputs = [m for m in messages if isinstance(m, ToolMessage)]
-    last_error = next((str(m.text) for m in reversed(tool_outputs) if "ERROR:" in str(m.text)), "")
-    table = next(
-        (
-            _unwrap(str(m.text))
-            for m in reversed(tool_outputs)
-            if m.name == "sql_query" and markdown_tables(str(m.text))
-        ),
-        "",
-    )
-    if table and not markdown_tables(text):
-        text = f"{text}\n\n{table}".strip()
+    outputs = [_unwrap(str(m.text)) for m in messages if isinstance(m, ToolMessage)]
+    succeeded = [o for o in outputs if not o.startswith("ERROR:")]
+    tables = [o for o in succeeded if markdown_tables(o)]
+    data = (tables or succeeded or [""])[-1]
+    if data and data not in text and not markdown_tables(text) and len(data) <= KEPT_OUTPUT_CHARS:
+        text = f"{text}\n\n{data}".strip()
     if not text:
-        text = _unwrap(last_error) or "The step produced no result."
+        text = (outputs or ["The step produced no result."])[-1]
     return text
 
 
