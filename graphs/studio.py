@@ -1,5 +1,7 @@
 """Graphs as LangGraph Studio / `langgraph dev` loads them: its server supplies persistence."""
 
 from graphs.assistant.graph import build_graph as _build_assistant
+from graphs.planner.graph import build_graph as _build_planner
 
 assistant = _build_assistant(checkpointer=None, store=None)
+planner = _build_planner(checkpointer=None, store=None)

@@ -19,6 +19,7 @@ from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owne
 from graphs.core.context import Context
 from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
+from ui import planner
 from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
@@ -86,7 +87,11 @@ async def handle_message(message: cl.Message) -> None:
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return
-    inputs = {"messages": [HumanMessage(text, id=message.id)]}
+    inputs = (
+        planner.goal_inputs(text)
+        if agent.key == "planner"
+        else {"messages": [HumanMessage(text, id=message.id)]}
+    )
     await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
 
 
@@ -156,6 +161,23 @@ async def resume_interrupt(action: cl.Action) -> None:
     await _run(agent, command, checked.context)
 
 
+async def review_plan(action: cl.Action) -> None:
+    """Approve / Edit / Reject under a pending plan: the same checks as every other button."""
+    if (checked := await _check_action(action, planner.PlanReviewPayload)) is None:
+        return
+    payload, thread_id = checked.payload, checked.context.thread_id
+    graph = get_runtime().graphs.get(checked.agent.key)
+    answer = await planner.review_answer(payload)
+    if answer is None:
+        return
+    pending = await _pending_interrupts(graph, thread_id) if graph is not None else []
+    if payload.interrupt_id not in {i.id for i in pending}:
+        await refuse("That plan has already been answered.")
+        return
+    await clear_prompt(payload.interrupt_id)
+    await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+
+
 async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:
     state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
     return list(state.interrupts)
@@ -173,7 +195,10 @@ async def _run(
         ).send()
         return
     try:
-        result = await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
+        if agent.key == "planner":
+            result = await planner.run_planner(graph, inputs, context=context)
+        else:
+            result = await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
     except GraphRecursionError:
         await cl.Message(
             content="I went round in circles on that one and stopped. Could you rephrase or "
