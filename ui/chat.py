@@ -175,7 +175,8 @@ async def review_plan(action: cl.Action) -> None:
         await refuse("That plan has already been answered.")
         return
     await clear_prompt(payload.interrupt_id)
-    await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+    async with planner.busy():
+        await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
 
 
 async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:

@@ -53,12 +53,15 @@ async def show_interrupt(interrupt: Any, *, thread_id: str) -> None:
         content=text, author="Cairn", actions=_buttons(thread_id, interrupt.id, labels)
     )
     await message.send()
-    prompts: dict[str, cl.Message] = cl.user_session.get("interrupt_prompts") or {}
-    prompts[interrupt.id] = message
+    # A new dict: the one in the session may be shared with the thread's metadata on resume,
+    # and a Message in there breaks Chainlit's resume_thread event (not JSON).
+    prompts = {**(cl.user_session.get("interrupt_prompts") or {}), interrupt.id: message}
     cl.user_session.set("interrupt_prompts", prompts)
 
 
 async def clear_prompt(interrupt_id: str) -> None:
-    prompts: dict[str, cl.Message] = cl.user_session.get("interrupt_prompts") or {}
-    if (message := prompts.pop(interrupt_id, None)) is not None:
+    prompts: dict[str, cl.Message] = dict(cl.user_session.get("interrupt_prompts") or {})
+    message = prompts.pop(interrupt_id, None)
+    cl.user_session.set("interrupt_prompts", prompts)
+    if isinstance(message, cl.Message):
         await message.remove_actions()

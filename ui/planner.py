@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import chainlit as cl
@@ -73,8 +74,9 @@ async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
         content=review_text(value), author="Planner", actions=_buttons(thread_id, interrupt.id)
     )
     await message.send()
-    prompts: dict[str, cl.Message] = cl.user_session.get("interrupt_prompts") or {}
-    prompts[interrupt.id] = message
+    # A new dict: the one in the session may be shared with the thread's metadata on resume,
+    # and a Message in there breaks Chainlit's resume_thread event (not JSON).
+    prompts = {**(cl.user_session.get("interrupt_prompts") or {}), interrupt.id: message}
     cl.user_session.set("interrupt_prompts", prompts)
 
 
@@ -128,6 +130,18 @@ async def review_answer(payload: PlanReviewPayload) -> dict[str, Any] | None:
         ).send()
         return None
     return edit_value(text)
+
+
+@asynccontextmanager
+async def busy() -> AsyncIterator[None]:
+    """Show the run as busy, and idle again afterwards. Action callbacks run without Chainlit's
+    task signals, and an AskUserMessage (Edit) ends the task early: without this the input and
+    the next plan's buttons stay disabled."""
+    await cl.context.emitter.task_start()
+    try:
+        yield
+    finally:
+        await cl.context.emitter.task_end()
 
 
 def edit_value(text: str) -> dict[str, Any]:
