@@ -302,7 +302,14 @@ def table_markdown(table: Table) -> str:
 
 
 def chart_element(table: Table) -> cl.Plotly | None:
-    """A bar chart of one number per category (e.g. churned customers by region)."""
+    figure = bar_chart(table)
+    if figure is None:
+        return None
+    return cl.Plotly(name=figure.layout.title.text, figure=figure, display="inline")
+
+
+def bar_chart(table: Table) -> Any:
+    """A bar chart of one number per category (e.g. churned customers by region), or None."""
     shape = table.numeric_by_category()
     if shape is None:
         return None
@@ -316,4 +323,4 @@ def chart_element(table: Table) -> cl.Plotly | None:
         yaxis_title=value_column,
         margin={"l": 40, "r": 20, "t": 50, "b": 40},
     )
-    return cl.Plotly(name=f"{value_column} by {label_column}", figure=figure, display="inline")
+    return figure

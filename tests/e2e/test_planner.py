@@ -83,7 +83,6 @@ def test_plan_edit_approve_progress_and_an_answer_with_table_and_chart(app_serve
         expect(table).to_contain_text(region)
     expect(page.locator(".js-plotly-plot").last).to_be_visible(timeout=30_000)
 
-    page.screenshot(path="/tmp/planner-end.png", full_page=True)
     # The plan was remembered for alice (structure and outcome, no rows); no data changed.
     summaries = plan_summaries(app_server.database_url)
     assert [s["outcome"] for s in summaries] == ["answered"]

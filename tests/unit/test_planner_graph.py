@@ -371,3 +371,39 @@ def test_the_executor_system_prompt_marks_tool_output_untrusted():
     text = EXECUTOR_PROMPT.format(goal="g", earlier="e")
     assert "untrusted DATA" in text
     assert isinstance(SystemMessage(text), SystemMessage)
+
+
+class FlakyStructuredModel(ScriptedChatModel):
+    """Structured output that fails to parse a set number of times first."""
+
+    failures: int = 0
+
+    def with_structured_output(self, schema, *, include_raw=False, **kwargs):
+        from langchain_core.exceptions import OutputParserException
+        from langchain_core.runnables import RunnableLambda
+
+        inner = super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+
+        def respond(model_input):
+            if self.failures > 0:
+                self.failures -= 1
+                raise OutputParserException("not valid JSON for Plan")
+            return inner.invoke(model_input)
+
+        return RunnableLambda(respond)
+
+
+async def test_an_invalid_plan_is_retried_once():
+    model = FlakyStructuredModel([], [Plan(steps=["Count churn"])], failures=1)
+    graph, _ = make(model)
+    paused = await start(graph, "t-flaky")
+    assert paused["__interrupt__"][0].value["plan"] == ["Count churn"]
+
+
+async def test_a_plan_invalid_twice_ends_with_a_clear_error():
+    model = FlakyStructuredModel([], [], failures=2)
+    graph, _ = make(model)
+    done = await start(graph, "t-invalid")
+    assert "could not draft a valid plan" in done["response"]
+    assert done["outcome"] == "failed"
+    assert "__interrupt__" not in done
