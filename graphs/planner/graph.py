@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from graphs.core.context import Context
 from graphs.core.models import chat_model
+from graphs.memory.plans import PlanMemory, summary_key
 from graphs.planner import prompts
-from graphs.planner.memory import PlanMemory, summary_key
 from graphs.planner.sql import markdown_tables
 from graphs.planner.state import (
     Act,
