@@ -407,3 +407,57 @@ async def test_a_plan_invalid_twice_ends_with_a_clear_error():
     assert "could not draft a valid plan" in done["response"]
     assert done["outcome"] == "failed"
     assert "__interrupt__" not in done
+
+
+async def test_the_executor_stops_at_its_own_model_call_limit():
+    from graphs.planner.graph import EXECUTOR_MODEL_CALLS
+
+    looping = [query_call() for _ in range(EXECUTOR_MODEL_CALLS - 1)]
+    model = ScriptedChatModel(
+        [*looping, AIMessage("Could not settle on a query; best so far: EMEA 5.")],
+        [Plan(steps=["Count churn by region"]), Act(action=Response(response="EMEA"))],
+    )
+    graph, _ = make(model)
+    await start(graph, "t-loop")
+    done = await resume(graph, "t-loop", {"decision": "approve"})
+    assert len(done["past_steps"]) == 1
+    assert done["past_steps"][0][2].startswith("Could not settle on a query")
+    wrap_up = model.seen[-2]  # the executor's last call, before the replanner's
+    assert "used this step's tool budget" in str(wrap_up[-1].text)
+
+
+class TimingOutModel(ScriptedChatModel):
+    """The model server times out once, mid-step."""
+
+    timeouts: int = 1
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        if self.timeouts and len(self.seen) >= 1:
+            self.timeouts -= 1
+            raise TimeoutError("read timed out")
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+async def test_a_transient_timeout_is_retried_inside_the_step():
+    model = TimingOutModel(
+        [AIMessage("EMEA 5")],
+        [Plan(steps=["Count churn by region"]), Act(action=Response(response="EMEA"))],
+    )
+    graph, _ = make(model)
+    await start(graph, "t-timeout")
+    done = await resume(graph, "t-timeout", {"decision": "approve"})
+    assert done["response"] == "EMEA"
+    assert steps_of(done) == [(1, "Count churn by region")]
+
+
+async def test_past_plans_prefer_good_outcomes():
+    from graphs.memory.plans import PlanMemory
+
+    memory = PlanMemory(InMemoryStore(), "alice")
+    await memory.record(key="a", goal="churn by region", steps=["x"], outcome="partial")
+    await memory.record(key="b", goal="churn by region", steps=["y"], outcome="answered")
+    found = await memory.similar("churn by region")
+    assert [p.quality for p in found] == ["good", "poor"]
+    assert await PlanMemory(InMemoryStore(), "bob").similar("churn") == []
+    with pytest.raises(PermissionError):
+        PlanMemory(InMemoryStore(), "")
