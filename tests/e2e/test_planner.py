@@ -1,4 +1,5 @@
-"""In real Chromium: a churn question becomes a plan you edit and approve, then a table and a chart."""
+"""In real Chromium: a churn question becomes a plan you edit and approve (across a reload and a
+server restart), then progress, a table and a chart."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ def test_plan_edit_approve_progress_and_an_answer_with_table_and_chart(app_serve
     expect(page.get_by_text("2 edits left").last).to_be_visible()
     redraft = page.get_by_text("Proposed plan").last.locator("xpath=ancestor::*[3]")
     expect(redraft).not_to_contain_text("Describe the columns")
+    thread_url = page.url
+
+    # A server restart mid-review: reopening the conversation shows the plan and its buttons.
+    page.context.close()
+    app_server.restart()
+    page = login(browser, app_server, "alice")
+    page.goto(thread_url)
+    expect(page.get_by_text("2 edits left").last).to_be_visible()
     page.get_by_role("button", name="Approve").last.click()
 
     # Progress: each executed step shows up as its own collapsible step, the task list ends Done.
