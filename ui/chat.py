@@ -23,7 +23,7 @@ from ui import planner
 from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
-from ui.interrupts import ResumePayload, clear_prompt, show_interrupt
+from ui.interrupts import ResumePayload, clear_prompt, show_after_resume, show_interrupt
 from ui.runtime import get_runtime
 from ui.streaming import run_turn
 
@@ -60,8 +60,7 @@ async def resume_chat(thread: ThreadDict) -> None:
         return
     graph = runtime.graphs.get(agent.key)
     if graph is not None:
-        for interrupt in await _pending_interrupts(graph, thread["id"]):
-            await show_interrupt(interrupt, thread_id=thread["id"])
+        show_after_resume(await _pending_interrupts(graph, thread["id"]), thread_id=thread["id"])
 
 
 async def handle_message(message: cl.Message) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, Literal
 
 import chainlit as cl
@@ -9,7 +11,10 @@ from pydantic import BaseModel, ConfigDict
 
 from ui.planner import show_plan_review
 
+log = logging.getLogger("cairn")
+
 RESUME_ACTION = "resume"
+_shown_later: set[asyncio.Task[None]] = set()
 
 
 class ResumePayload(BaseModel):
@@ -65,3 +70,30 @@ async def clear_prompt(interrupt_id: str) -> None:
     cl.user_session.set("interrupt_prompts", prompts)
     if isinstance(message, cl.Message):
         await message.remove_actions()
+
+
+def show_after_resume(interrupts: list[Any], *, thread_id: str) -> None:
+    """Re-show pending questions once Chainlit has sent the resumed thread to the browser.
+
+    Chainlit replaces the chat with the stored thread right after on_chat_resume returns, so
+    prompts sent from inside the hook would be wiped; this waits for the hook's own task.
+    """
+    if not interrupts:
+        return
+    resuming = asyncio.current_task()
+
+    async def show() -> None:
+        if resuming is not None:
+            await asyncio.wait({resuming})
+        for interrupt in interrupts:
+            await show_interrupt(interrupt, thread_id=thread_id)
+
+    task = asyncio.create_task(show())
+    _shown_later.add(task)
+    task.add_done_callback(_done)
+
+
+def _done(task: asyncio.Task[None]) -> None:
+    _shown_later.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("re-showing a pending question failed", exc_info=exc)
