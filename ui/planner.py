@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import chainlit as cl
 from langchain_core.messages import AIMessageChunk
+from langchain_core.utils.json import parse_partial_json
 from langgraph.errors import GraphRecursionError
 from pydantic import BaseModel, ConfigDict
 
@@ -32,7 +33,9 @@ PLAN_REVIEW_ACTION = "plan_review"
 EDIT_TIMEOUT_S = 900
 STREAM_MODES: list[Any] = ["updates", "messages"]
 ANSWER_NODES = frozenset({"finalize"})
-"""Nodes whose tokens are the answer itself (the replanner's answer comes whole, in an update)."""
+"""Nodes whose tokens are the answer itself."""
+REPLAN_NODE = "replan"
+"""Its tokens are Act JSON; the answer streams out of its `response` field as it arrives."""
 RECURSION_BACKSTOP = (
     "The plan went round in circles and hit its safety limit, so I stopped it. Nothing was "
     "changed anywhere; send the goal again, perhaps narrower, to start a fresh plan."
@@ -202,13 +205,14 @@ async def run_planner(
         remaining=list(values.get("plan", [])),
     )
     streamed: cl.Message | None = None
+    answer = AnswerStream()
     response = ""
     interrupts: list[Any] = []
     try:
         stream = graph.astream(inputs, config, context=context, stream_mode=STREAM_MODES)
         async for mode, chunk in cast("AsyncIterator[tuple[str, Any]]", stream):
             if mode == "messages":
-                streamed = await _stream_token(chunk, streamed)
+                streamed = await _stream_token(chunk, streamed, answer)
                 continue
             for node, update in chunk.items():
                 if node == "__interrupt__":
@@ -225,11 +229,44 @@ async def run_planner(
     return TurnResult(reply=reply, interrupts=interrupts)
 
 
-async def _stream_token(chunk: Any, streamed: cl.Message | None) -> cl.Message | None:
+class AnswerStream:
+    """The `response` text inside the replanner's structured (JSON) output, as it streams."""
+
+    def __init__(self) -> None:
+        self.message_id: str | None = None
+        self.buffer = ""
+        self.sent = 0
+
+    def feed(self, message_id: str | None, text: str) -> str:
+        """Add one JSON token; returns the answer text that became readable with it."""
+        if message_id != self.message_id:  # a new model call (e.g. the Plan branch's retry)
+            self.message_id, self.buffer, self.sent = message_id, "", 0
+        self.buffer += text
+        try:
+            parsed = parse_partial_json(self.buffer)
+        except ValueError:
+            return ""
+        action = parsed.get("action") if isinstance(parsed, dict) else None
+        answer = action.get("response") if isinstance(action, dict) else None
+        if not isinstance(answer, str) or len(answer) <= self.sent:
+            return ""
+        new, self.sent = answer[self.sent :], len(answer)
+        return new
+
+
+async def _stream_token(
+    chunk: Any, streamed: cl.Message | None, answer: AnswerStream
+) -> cl.Message | None:
     token, meta = chunk
-    if meta.get("langgraph_node") not in ANSWER_NODES or not isinstance(token, AIMessageChunk):
+    if not isinstance(token, AIMessageChunk) or not isinstance(token.content, str):
         return streamed
-    text = token.content if isinstance(token.content, str) else ""
+    node = meta.get("langgraph_node")
+    if node == REPLAN_NODE:
+        text = answer.feed(token.id, token.content)
+    elif node in ANSWER_NODES:
+        text = token.content
+    else:
+        return streamed
     if not text:
         return streamed
     if streamed is None:

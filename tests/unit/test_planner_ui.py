@@ -83,3 +83,16 @@ def test_numbers_by_category_become_a_bar_chart():
     assert figure.layout.title.text == "churned by region"
     assert bar_chart(Table(["region", "note"], [["EMEA", "high"], ["APAC", "low"]])) is None
     assert bar_chart(Table(["region", "n"], [["EMEA", "5"]])) is None  # one bar is no chart
+
+
+def test_the_answer_streams_out_of_the_replanners_json():
+    from ui.planner import AnswerStream
+
+    stream = AnswerStream()
+    tokens = ['{"action": {"resp', 'onse": "EMEA ', "had the ", "most churn", ' (5)."}}']
+    pieces = [stream.feed("m1", t) for t in tokens]
+    assert "".join(pieces) == "EMEA had the most churn (5)."
+    assert pieces[0] == ""
+    # A Plan decision streams nothing; a new model call starts afresh.
+    assert stream.feed("m2", '{"action": {"steps": ["Count churn"]}}') == ""
+    assert stream.feed("m3", '{"action": {"response": "Done"}}') == "Done"
