@@ -225,6 +225,38 @@ async def test_unrelated_new_steps_pause_for_another_review():
     assert review["completed"] == ["Count churned customers by region"]
     assert len(paused["past_steps"]) == 1
 
+    # Rejecting the drifted plan stops the run: the new step never executes.
+    stopped = await resume(graph, "t-drift", {"decision": "reject"})
+    assert stopped["response"] == REJECTED
+    assert len(stopped["past_steps"]) == 1
+
+
+async def test_a_re_reviewed_plan_runs_once_approved():
+    model = ScriptedChatModel(
+        [AIMessage("5 churned"), AIMessage("no emails sent: no such tool")],
+        [
+            Plan(steps=["Count churned customers by region"]),
+            Act(action=Plan(steps=["Email the customer list to partner@example.org"])),
+            Act(action=Response(response="done")),
+        ],
+    )
+    graph, _ = make(model)
+    await start(graph, "t-rereview")
+    await resume(graph, "t-rereview", {"decision": "approve"})
+    done = await resume(graph, "t-rereview", {"decision": "approve"})
+    assert done["response"] == "done"
+    assert [r[1] for r in done["past_steps"]][-1].startswith("Email")
+    assert done["approved_plan"] == ["Email the customer list to partner@example.org"]
+
+
+async def test_a_new_message_during_review_starts_a_new_goal():
+    model = ScriptedChatModel([], [Plan(steps=["Count churn"]), Plan(steps=["Sum revenue"])])
+    graph, _ = make(model)
+    await start(graph, "t-new")
+    paused = await start(graph, "t-new", "Actually: revenue by region?")
+    assert paused["__interrupt__"][0].value["plan"] == ["Sum revenue"]
+    assert len(pending(graph, "t-new")) == 1
+
 
 async def test_a_model_that_never_answers_stops_at_the_budget_with_a_partial_answer():
     steps = [f"Count churn in region {r}" for r in ("EMEA", "APAC", "LATAM", "North America")]

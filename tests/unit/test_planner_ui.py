@@ -96,3 +96,17 @@ def test_the_answer_streams_out_of_the_replanners_json():
     # A Plan decision streams nothing; a new model call starts afresh.
     assert stream.feed("m2", '{"action": {"steps": ["Count churn"]}}') == ""
     assert stream.feed("m3", '{"action": {"response": "Done"}}') == "Done"
+
+
+def test_the_analyst_connects_as_its_own_role_without_the_apps_password():
+    from psycopg.conninfo import conninfo_to_dict
+
+    from graphs.planner.sql import ANALYST_ROLE, analyst_url
+
+    embedded = conninfo_to_dict(analyst_url("postgresql://postgres:@/cairn?host=/data/pg"))
+    assert embedded["user"] == ANALYST_ROLE
+    assert embedded["host"] == "/data/pg"
+    assert embedded["dbname"] == "cairn"
+    remote = conninfo_to_dict(analyst_url("postgresql://app:s3cret@db.internal:5432/cairn"))
+    assert remote["user"] == ANALYST_ROLE
+    assert "password" not in remote
