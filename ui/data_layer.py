@@ -77,16 +77,22 @@ class PostgresDataLayer(ChainlitDataLayer):
         rows = await self.execute_query(
             'SELECT "userId" FROM "Thread" WHERE id = $1', {"thread_id": thread_id}
         )
-        if not rows and user_id is None:
+        if not rows and user_id is None and await self._recently_deleted(thread_id):
             # Chainlit saves session metadata on disconnect and creates missing threads for
-            # late steps; for a conversation just deleted that would bring back an ownerless
-            # row. Threads are only created with their owner (on the first message).
+            # late steps; for a conversation just deleted that would bring it back as an
+            # ownerless row.
             return
         # Chainlit upserts "userId" on every call; an existing owner must never be replaced.
         if rows and user_id is not None and rows[0]["userId"] not in (None, user_id):
             log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
             return
         await super().update_thread(thread_id, name, user_id, metadata, tags)
+
+    async def _recently_deleted(self, thread_id: str) -> bool:
+        rows = await self.execute_query(
+            "SELECT 1 FROM cairn_deleted_threads WHERE thread_id = $1", {"thread_id": thread_id}
+        )
+        return bool(rows)
 
     async def create_step(self, step_dict: StepDict) -> None:
         try:

@@ -108,6 +108,7 @@ class Privacy:
         The owner record goes last: until then the thread can be found and the delete
         retried; a memory job that is mid-way re-checks that record under the same lock.
         """
+        await self._remember_deleted([thread_id])
         if self.memory_jobs is not None:
             await self.memory_jobs.forget_thread(user_id=owner_id, thread_id=thread_id)
         await self.checkpointer.adelete_thread(thread_id)
@@ -207,6 +208,7 @@ class Privacy:
         await self._step(report, "jobs_cancelled")
         threads = await self._thread_ids(user_id)
         report.thread_ids.update(threads)
+        await self._remember_deleted(threads)
         for thread_id in threads:
             await self.checkpointer.adelete_thread(thread_id)
         counts["conversations"] = counts.get("conversations", 0) + len(threads)
@@ -232,6 +234,19 @@ class Privacy:
                 include_tombstones=True
             )
         await self._step(report, "tombstones_deleted")
+
+    async def _remember_deleted(self, thread_ids: list[str]) -> None:
+        """Keep deleted ids a day (see cairn_deleted_threads); older ones are dropped here."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "DELETE FROM cairn_deleted_threads WHERE deleted_at < now() - interval '1 day'"
+            )
+            if thread_ids:
+                await conn.execute(
+                    "INSERT INTO cairn_deleted_threads (thread_id) SELECT unnest(%s::text[]) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET deleted_at = now()",
+                    (thread_ids,),
+                )
 
     async def _thread_ids(self, user_id: str) -> list[str]:
         async with self.pool.connection() as conn:

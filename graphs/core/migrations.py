@@ -134,6 +134,12 @@ MIGRATIONS: list[tuple[str, str]] = [
             verified boolean NOT NULL DEFAULT false
         );
         CREATE INDEX IF NOT EXISTS cairn_wipes_user_idx ON cairn_wipes (user_id);
+        -- Ids of conversations deleted in the last day, so a late write from a browser tab
+        -- still open on one cannot bring it back as an ownerless row.
+        CREATE TABLE IF NOT EXISTS cairn_deleted_threads (
+            thread_id text PRIMARY KEY,
+            deleted_at timestamptz NOT NULL DEFAULT now()
+        );
         """,
     ),
 ]
