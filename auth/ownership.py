@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
@@ -22,38 +23,62 @@ class ThreadNotFound(LookupError):
         super().__init__(NOT_FOUND)
 
 
-async def claim_thread(pool: Pool, *, thread_id: str, user_id: str, agent: str) -> str:
+@dataclass(frozen=True)
+class OwnedThread:
+    agent: str
+    """The agent the thread was started with; it wins over whatever profile is asked for now."""
+    temporary: bool
+    """A temporary chat: long-term memory is neither read nor written for it."""
+
+
+async def claim_thread(
+    pool: Pool, *, thread_id: str, user_id: str, agent: str, temporary: bool = False
+) -> OwnedThread:
     """Record user_id as the owner of a new thread, or check they own an existing one.
 
-    Returns the agent the thread was started with, which wins over the one asked for now.
-    One statement: the insert either creates the row or hands back the existing one.
+    One statement: the insert either creates the row or, for the owner only, marks the
+    thread active now and hands back the existing row. `temporary` only ever turns on.
     """
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, %s) "
-            "ON CONFLICT (thread_id) DO UPDATE SET thread_id = EXCLUDED.thread_id "
-            "RETURNING owner_id, agent",
-            (thread_id, user_id, agent),
+            "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary) "
+            "VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (thread_id) DO UPDATE SET last_active_at = now(), "
+            "temporary = cairn_threads.temporary OR EXCLUDED.temporary "
+            "WHERE cairn_threads.owner_id = EXCLUDED.owner_id "
+            "RETURNING agent, temporary",
+            (thread_id, user_id, agent, temporary),
         )
         row = await cur.fetchone()
-    if row is None or row["owner_id"] != user_id:
+    if row is None:
         log.warning("refused: user %s tried to use thread %s owned by another", user_id, thread_id)
         raise ThreadNotFound
-    return str(row["agent"])
+    return OwnedThread(agent=str(row["agent"]), temporary=bool(row["temporary"]))
 
 
-async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> str:
-    """Check user_id owns thread_id; returns the thread's agent. Unknown and foreign look alike."""
+async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> OwnedThread:
+    """Check user_id owns thread_id. Unknown and foreign threads look alike."""
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT owner_id, agent FROM cairn_threads WHERE thread_id = %s", (thread_id,)
+            "SELECT owner_id, agent, temporary FROM cairn_threads WHERE thread_id = %s",
+            (thread_id,),
         )
         row = await cur.fetchone()
     if row is None or row["owner_id"] != user_id:
         if row is not None:
             log.warning("refused: user %s asked for thread %s of another user", user_id, thread_id)
         raise ThreadNotFound
-    return str(row["agent"])
+    return OwnedThread(agent=str(row["agent"]), temporary=bool(row["temporary"]))
+
+
+async def mark_temporary(pool: Pool, *, thread_id: str, user_id: str) -> bool:
+    """Make an existing thread of the user temporary (one-way). False: no such thread yet."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE cairn_threads SET temporary = true WHERE thread_id = %s AND owner_id = %s",
+            (thread_id, user_id),
+        )
+        return cur.rowcount > 0
 
 
 async def owned_thread_ids(pool: Pool, *, user_id: str) -> list[str]:

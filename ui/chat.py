@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import chainlit as cl
+from chainlit.auth.jwt import get_jwt_secret
+from chainlit.input_widget import InputWidget, Switch
 from chainlit.types import ThreadDict
 from langchain_core.messages import HumanMessage
 from langgraph.errors import GraphRecursionError
@@ -15,9 +19,11 @@ from langgraph.types import Command
 from pydantic import BaseModel
 
 from auth.identity import flag_client_identity, session_user_id
-from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, require_owner
+from auth.ownership import NOT_FOUND, ThreadNotFound, claim_thread, mark_temporary, require_owner
+from auth.sessions import SessionRevoked
 from graphs.core.context import Context
 from graphs.core.models import offline_notice
+from graphs.core.runlock import ThreadBusy
 from graphs.memory.recall import is_trivial
 from ui import planner
 from ui.actions import ActionRejected, RetryPayload, parse_payload
@@ -39,12 +45,80 @@ async def chat_profiles(user: cl.User | None = None) -> list[cl.ChatProfile]:
     ]
 
 
+H = TypeVar("H", bound=Callable[..., Awaitable[None]])
+
+
+def refuses_ended_sessions(handler: H) -> H:
+    """A chat event from a session ended by an account wipe gets a notice and nothing else."""
+
+    @functools.wraps(handler)
+    async def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            await handler(*args, **kwargs)
+        except SessionRevoked as exc:
+            await refuse(str(exc))
+
+    return cast("H", guarded)
+
+
+TEMPORARY = "temporary"
+TEMPORARY_NOTICE = (
+    "Temporary chat: this conversation neither uses nor adds to what Cairn remembers about you."
+)
+
+
+@refuses_ended_sessions
 async def start_chat() -> None:
     runtime = get_runtime()
+    await _session_user_id()
+    await _chat_settings(temporary=False)
     if notice := offline_notice(runtime.settings):
         await cl.Message(content=notice, author="Cairn").send()
 
 
+async def _chat_settings(*, temporary: bool) -> None:
+    cl.user_session.set(TEMPORARY, temporary)
+    widgets: list[InputWidget] = [
+        Switch(
+            id=TEMPORARY,
+            label="Temporary chat (nothing is read from or added to memory)",
+            initial=temporary,
+        )
+    ]
+    await cl.ChatSettings(widgets).send()
+
+
+@refuses_ended_sessions
+async def update_settings(values: dict[str, Any]) -> None:
+    """Temporary chat turns on at any time (a queued memory job of the thread is cancelled)
+    and never back off: earlier temporary messages must not reach memory later."""
+    runtime = get_runtime()
+    user_id = await _session_user_id()
+    wanted = bool(values.get(TEMPORARY))
+    thread_id = cl.context.session.thread_id
+    was = bool(cl.user_session.get(TEMPORARY))
+    if was and not wanted:
+        await _chat_settings(temporary=True)
+        await refuse("This conversation stays temporary. Start a new chat to use memory again.")
+        return
+    if wanted and not was:
+        cl.user_session.set(TEMPORARY, True)
+        existing = await mark_temporary(runtime.pool, thread_id=thread_id, user_id=user_id)
+        if existing and runtime.memory_jobs is not None:
+            await runtime.memory_jobs.forget_thread(user_id=user_id, thread_id=thread_id)
+        await cl.Message(content=TEMPORARY_NOTICE, author="Cairn").send()
+
+
+async def _session_user_id() -> str:
+    """The session's verified user, refused when the session was ended (account wiped)."""
+    user_id = session_user_id()
+    revocations = get_runtime().revocations
+    if revocations is not None:
+        await revocations.check(user_id, cl.context.session.token, get_jwt_secret() or "")
+    return user_id
+
+
+@refuses_ended_sessions
 async def resume_chat(thread: ThreadDict) -> None:
     """Chainlit already checked its own record; the LangGraph thread is checked here too.
 
@@ -52,20 +126,23 @@ async def resume_chat(thread: ThreadDict) -> None:
     """
     runtime = get_runtime()
     try:
-        agent = agent_by_key(
-            await require_owner(runtime.pool, thread_id=thread["id"], user_id=session_user_id())
+        owned = await require_owner(
+            runtime.pool, thread_id=thread["id"], user_id=await _session_user_id()
         )
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return
+    await _chat_settings(temporary=owned.temporary)
+    agent = agent_by_key(owned.agent)
     graph = runtime.graphs.get(agent.key)
     if graph is not None:
         show_after_resume(await _pending_interrupts(graph, thread["id"]), thread_id=thread["id"])
 
 
+@refuses_ended_sessions
 async def handle_message(message: cl.Message) -> None:
     runtime = get_runtime()
-    user_id = session_user_id()
+    user_id = await _session_user_id()
     flag_client_identity(message.metadata, where="message metadata", user_id=user_id)
     try:
         attachments = check_message(message.content, message.elements or [], runtime.settings)
@@ -77,21 +154,31 @@ async def handle_message(message: cl.Message) -> None:
     thread_id = cl.context.session.thread_id
     agent = agent_for_profile(cl.user_session.get("chat_profile"))
     text = compose(message.content, attachments)
-    _prefetch_recall_query(runtime, text)
+    temporary = bool(cl.user_session.get(TEMPORARY))
+    if not temporary:
+        _prefetch_recall_query(runtime, text)
     try:
         # A thread keeps the agent it was started with, whatever profile the client reports.
-        agent = agent_by_key(
-            await claim_thread(runtime.pool, thread_id=thread_id, user_id=user_id, agent=agent.key)
+        owned = await claim_thread(
+            runtime.pool,
+            thread_id=thread_id,
+            user_id=user_id,
+            agent=agent.key,
+            temporary=temporary,
         )
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return
+    agent = agent_by_key(owned.agent)
     inputs = (
         planner.goal_inputs(text)
         if agent.key == "planner"
         else {"messages": [HumanMessage(text, id=message.id)]}
     )
-    await _run(agent, inputs, Context(user_id=user_id, thread_id=thread_id, agent=agent.key))
+    context = Context(
+        user_id=user_id, thread_id=thread_id, agent=agent.key, memory=not owned.temporary
+    )
+    await _run(agent, inputs, context, message=message)
 
 
 def _prefetch_recall_query(runtime: Any, text: str) -> None:
@@ -118,24 +205,26 @@ class CheckedAction(Generic[P]):
 async def _check_action(action: cl.Action, model: type[P]) -> CheckedAction[P] | None:
     """Schema, session thread and ownership checks every button press goes through."""
     runtime = get_runtime()
-    user_id = session_user_id()
+    user_id = await _session_user_id()
     thread_id = cl.context.session.thread_id
     flag_client_identity(action.payload, where=f"{action.name} action", user_id=user_id)
     try:
         payload = parse_payload(model, action, thread_id=thread_id)
-        agent = agent_by_key(
-            await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
-        )
+        owned = await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
     except ActionRejected as exc:
         await refuse(str(exc))
         return None
     except ThreadNotFound:
         await refuse(NOT_FOUND)
         return None
-    context = Context(user_id=user_id, thread_id=thread_id, agent=agent.key)
+    agent = agent_by_key(owned.agent)
+    context = Context(
+        user_id=user_id, thread_id=thread_id, agent=agent.key, memory=not owned.temporary
+    )
     return CheckedAction(payload=payload, agent=agent, context=context)
 
 
+@refuses_ended_sessions
 async def retry_turn(action: cl.Action) -> None:
     if (checked := await _check_action(action, RetryPayload)) is None:
         return
@@ -144,6 +233,7 @@ async def retry_turn(action: cl.Action) -> None:
     await _run(checked.agent, None, checked.context)
 
 
+@refuses_ended_sessions
 async def resume_interrupt(action: cl.Action) -> None:
     """A button answering a paused run: checked against the session, the thread and the pause."""
     if (checked := await _check_action(action, ResumePayload)) is None:
@@ -160,6 +250,7 @@ async def resume_interrupt(action: cl.Action) -> None:
     await _run(agent, command, checked.context)
 
 
+@refuses_ended_sessions
 async def review_plan(action: cl.Action) -> None:
     """Approve / Edit / Reject under a pending plan: the same checks as every other button."""
     if (checked := await _check_action(action, planner.PlanReviewPayload)) is None:
@@ -184,9 +275,19 @@ async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:
 
 
 async def _run(
-    agent: Agent, inputs: dict[str, Any] | Command[Any] | None, context: Context
+    agent: Agent,
+    inputs: dict[str, Any] | Command[Any] | None,
+    context: Context,
+    *,
+    message: cl.Message | None = None,
 ) -> None:
-    graph = get_runtime().graphs.get(agent.key)
+    """One run on the thread; a second one while it works is refused (across workers).
+
+    message is the user's message that started it: refused, it is removed again, so the
+    conversation shows only what the graph actually received.
+    """
+    runtime = get_runtime()
+    graph = runtime.graphs.get(agent.key)
     if graph is None:
         await cl.Message(
             content=f"The {agent.profile} agent is not available yet. Switch to the Assistant "
@@ -194,6 +295,19 @@ async def _run(
             author="Cairn",
         ).send()
         return
+    assert runtime.run_locks is not None
+    try:
+        async with runtime.run_locks.hold(context.thread_id):
+            await _run_locked(agent, graph, inputs, context)
+    except ThreadBusy as exc:
+        if message is not None:
+            await message.remove()
+        await refuse(str(exc))
+
+
+async def _run_locked(
+    agent: Agent, graph: Any, inputs: dict[str, Any] | Command[Any] | None, context: Context
+) -> None:
     try:
         if agent.key == "planner":
             result = await planner.run_planner(graph, inputs, context=context)

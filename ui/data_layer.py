@@ -7,7 +7,9 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from chainlit.data.chainlit_data_layer import ChainlitDataLayer
+from chainlit.step import StepDict
 from fastapi import HTTPException
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
@@ -72,15 +74,32 @@ class PostgresDataLayer(ChainlitDataLayer):
         metadata: dict[str, Any] | None = None,
         tags: list[str] | None = None,
     ) -> None:
+        rows = await self.execute_query(
+            'SELECT "userId" FROM "Thread" WHERE id = $1', {"thread_id": thread_id}
+        )
+        if not rows and user_id is None and await self._recently_deleted(thread_id):
+            # Chainlit saves session metadata on disconnect and creates missing threads for
+            # late steps; for a conversation just deleted that would bring it back as an
+            # ownerless row.
+            return
         # Chainlit upserts "userId" on every call; an existing owner must never be replaced.
-        if user_id is not None:
-            rows = await self.execute_query(
-                'SELECT "userId" FROM "Thread" WHERE id = $1', {"thread_id": thread_id}
-            )
-            if rows and rows[0]["userId"] not in (None, user_id):
-                log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
-                return
+        if rows and user_id is not None and rows[0]["userId"] not in (None, user_id):
+            log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
+            return
         await super().update_thread(thread_id, name, user_id, metadata, tags)
+
+    async def _recently_deleted(self, thread_id: str) -> bool:
+        rows = await self.execute_query(
+            "SELECT 1 FROM cairn_deleted_threads WHERE thread_id = $1", {"thread_id": thread_id}
+        )
+        return bool(rows)
+
+    async def create_step(self, step_dict: StepDict) -> None:
+        try:
+            await super().create_step(step_dict)
+        except psycopg.errors.ForeignKeyViolation:
+            # The conversation was deleted while this step was on its way: drop the step.
+            log.info("step %s dropped: its conversation is gone", step_dict.get("id"))
 
     async def delete_thread(self, thread_id: str) -> None:
         """Chainlit's rows, and first everything else the conversation left behind.

@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI
 from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
+from auth.sessions import EndedSessionGuard, SessionRevocations
 from graphs.assistant.offline import offline_assistant
 from graphs.core.models import chat_model
 from graphs.core.persistence import (
@@ -21,12 +22,15 @@ from graphs.core.persistence import (
     open_persistence,
     start_embedded_postgres,
 )
+from graphs.core.runlock import ThreadRunLocks
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
 from graphs.planner.sql import migrations as planner_migrations
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
+from ui.memory_page import build_router as build_memory_router
+from ui.privacy import Privacy
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -45,6 +49,14 @@ class AppRuntime:
     persistence: Persistence | None = None
     graphs: dict[str, Any] = field(default_factory=dict)
     memory_jobs: MemoryJobs | None = None
+    revocations: SessionRevocations | None = None
+    run_locks: ThreadRunLocks | None = None
+    _privacy: Privacy | None = None
+
+    @property
+    def privacy(self) -> Privacy:
+        assert self._privacy is not None, "Cairn is still starting"
+        return self._privacy
 
     @property
     def started(self) -> bool:
@@ -74,6 +86,7 @@ def prepare(app: FastAPI) -> AppRuntime:
     os.environ["CHAINLIT_URL"] = public_url
     _apply_chainlit_settings(settings, port)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
+    app.add_middleware(EndedSessionGuard, secret=auth_secret, revocations=_revocations)
 
     url = (
         settings.database_url.get_secret_value()
@@ -100,8 +113,20 @@ def prepare(app: FastAPI) -> AppRuntime:
             allow_signup=settings.local_signup,
         )
         mount_before_catch_all(app, router)
-    _runtime = AppRuntime(settings=settings, pool=pool, public_url=public_url, accounts=accounts)
+    mount_before_catch_all(app, build_memory_router())
+    _runtime = AppRuntime(
+        settings=settings,
+        pool=pool,
+        public_url=public_url,
+        accounts=accounts,
+        run_locks=ThreadRunLocks(pool),
+    )
     return _runtime
+
+
+def _revocations() -> SessionRevocations | None:
+    """For the session guard, which is added before the pool exists."""
+    return _runtime.revocations if _runtime is not None else None
 
 
 async def start() -> None:
@@ -129,7 +154,20 @@ async def start() -> None:
         for agent in AGENTS
         if agent.build is not None
     }
+    runtime.revocations = SessionRevocations(runtime.pool)
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
+    runtime._privacy = Privacy(
+        pool=runtime.pool,
+        store=persistence.store,
+        checkpointer=persistence.checkpointer,
+        memory_jobs=runtime.memory_jobs,
+        revocations=runtime.revocations,
+        default_retention_days=runtime.settings.retention_days,
+    )
+    runtime.memory_jobs.add_periodic(
+        "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
+    )
+    runtime.memory_jobs.start_worker()
     runtime.persistence = persistence
     log.info(
         "Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline
@@ -137,19 +175,13 @@ async def start() -> None:
 
 
 async def delete_thread_data(thread_id: str) -> None:
-    """What a deleted conversation leaves outside Chainlit: checkpoints, its pending memory
-    job and marker, and its owner record. Memories learned from it stay (forget them from
-    the conversation or, later, the memory page)."""
+    """Chainlit's sidebar delete (after its author check): everything a conversation left
+    outside Chainlit's rows, which Chainlit deletes itself. Memories learned from it stay;
+    the memory page's delete can forget them too."""
     runtime = get_runtime()
-    async with runtime.pool.connection() as conn:
-        cur = await conn.execute(
-            "DELETE FROM cairn_threads WHERE thread_id = %s RETURNING owner_id", (thread_id,)
-        )
-        row = await cur.fetchone()
-    if runtime.persistence is not None:
-        await runtime.persistence.checkpointer.adelete_thread(thread_id)
-    if row is not None and runtime.memory_jobs is not None:
-        await runtime.memory_jobs.forget_thread(user_id=row["owner_id"], thread_id=thread_id)
+    owner = await runtime.privacy.owner_of(thread_id)
+    if owner is not None:
+        await runtime.privacy.purge_thread(owner, thread_id, forget=False, chainlit=False)
     log.info("deleted conversation %s", thread_id)
 
 
@@ -158,6 +190,8 @@ async def stop() -> None:
         return
     if _runtime.memory_jobs is not None:
         await _runtime.memory_jobs.stop()
+    if _runtime.run_locks is not None:
+        await _runtime.run_locks.close()
     if _runtime.persistence is not None:
         await _runtime.persistence.close()
 
@@ -180,7 +214,6 @@ async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> M
         max_attempts=settings.memory_job_attempts,
     )
     await jobs.open()
-    jobs.start_worker()
     return jobs
 
 

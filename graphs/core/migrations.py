@@ -102,6 +102,46 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX IF NOT EXISTS "Feedback_stepId_idx" ON "Feedback" ("stepId");
         """,
     ),
+    (
+        "0006_privacy",
+        """
+        -- Retention ages out conversations by their last activity; a temporary chat never
+        -- reads or writes long-term memory.
+        ALTER TABLE cairn_threads
+            ADD COLUMN IF NOT EXISTS last_active_at timestamptz NOT NULL DEFAULT now(),
+            ADD COLUMN IF NOT EXISTS temporary boolean NOT NULL DEFAULT false;
+        CREATE INDEX IF NOT EXISTS cairn_threads_last_active_idx
+            ON cairn_threads (last_active_at);
+        -- Sessions (signed cookies) issued before revoked_at are refused: "delete all my
+        -- data" ends every session of the account. Holds no content, only the id and time.
+        CREATE TABLE IF NOT EXISTS cairn_session_revocations (
+            user_id text PRIMARY KEY,
+            revoked_at timestamptz NOT NULL
+        );
+        -- Per-user retention window for inactive conversations (days; NULL = server default).
+        CREATE TABLE IF NOT EXISTS cairn_retention (
+            user_id text PRIMARY KEY,
+            days integer CHECK (days IS NULL OR days BETWEEN 1 AND 3650)
+        );
+        -- The account-wipe workflow's log: one row per run, its step, and its verification.
+        CREATE TABLE IF NOT EXISTS cairn_wipes (
+            id bigserial PRIMARY KEY,
+            user_id text NOT NULL,
+            started_at timestamptz NOT NULL DEFAULT now(),
+            finished_at timestamptz,
+            step text NOT NULL DEFAULT 'started',
+            counts jsonb NOT NULL DEFAULT '{}'::jsonb,
+            verified boolean NOT NULL DEFAULT false
+        );
+        CREATE INDEX IF NOT EXISTS cairn_wipes_user_idx ON cairn_wipes (user_id);
+        -- Ids of conversations deleted in the last day, so a late write from a browser tab
+        -- still open on one cannot bring it back as an ownerless row.
+        CREATE TABLE IF NOT EXISTS cairn_deleted_threads (
+            thread_id text PRIMARY KEY,
+            deleted_at timestamptz NOT NULL DEFAULT now()
+        );
+        """,
+    ),
 ]
 
 

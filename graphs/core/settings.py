@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     """How long a conversation must be quiet before its memory job runs."""
     memory_job_attempts: int = Field(default=4, ge=1, le=20)
     """Tries per memory job before it is dead-lettered."""
+    retention_days: int = Field(default=365, ge=1, le=3650)
+    """Conversations inactive this long are deleted (each user may choose a shorter window)."""
+    retention_cron: str = "17 * * * *"
+    """When the retention job looks for expired conversations (cron; a 6th field is seconds)."""
 
     # Planner.
     planner_step_budget: int = Field(default=6, ge=1, le=30)

@@ -17,7 +17,7 @@ from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from langchain_core.language_models import BaseChatModel
     from langgraph.store.base import BaseStore
@@ -109,6 +109,16 @@ class MemoryJobs:
         )(self._run)
         self._worker: asyncio.Task[None] | None = None
 
+    def add_periodic(self, name: str, *, cron: str, run: Callable[[], Awaitable[object]]) -> None:
+        """A housekeeping task on the same queue, deferred once per cron tick across all
+        workers (procrastinate's periodic tasks lock each tick in Postgres)."""
+
+        async def periodic_task(timestamp: int) -> None:
+            await run()
+
+        task = self.app.task(name=f"cairn.{name}", queue=QUEUE)(periodic_task)
+        self.app.periodic(cron=cron, periodic_id=name)(task)
+
     async def open(self) -> None:
         await self.app.open_async(pool=self.pool)  # type: ignore[arg-type]
 
@@ -182,6 +192,7 @@ class MemoryJobs:
                 user_id=user_id,
                 thread_id=thread_id,
                 run_id=run_id,
+                still_wanted=lambda: self._owns(user_id, thread_id),
             )
         except InvalidModelOutput as exc:
             log.warning("memory job skipped (invalid model output) user=%s: %s", user_id, exc)
@@ -201,12 +212,28 @@ class MemoryJobs:
         )
 
     async def _owns(self, user_id: str, thread_id: str) -> bool:
+        """The thread still exists, is this user's, and is not a temporary chat."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT owner_id FROM cairn_threads WHERE thread_id = %s", (thread_id,)
+                "SELECT owner_id, temporary FROM cairn_threads WHERE thread_id = %s",
+                (thread_id,),
             )
             row = await cur.fetchone()
-        return row is not None and row["owner_id"] == user_id
+        return row is not None and row["owner_id"] == user_id and not row["temporary"]
+
+    async def cancel_user(self, *, user_id: str) -> int:
+        """Cancel every queued memory job of a user (memory switched off, account wiped).
+        A job already running re-checks ownership under the user lock before writing."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM procrastinate_jobs WHERE task_name = %s AND status = 'todo' "
+                "AND args->>'user_id' = %s",
+                (TASK_NAME, user_id),
+            )
+            job_ids = [row["id"] for row in await cur.fetchall()]
+        for job_id in job_ids:
+            await self.app.job_manager.cancel_job_by_id_async(job_id, delete_job=True)
+        return len(job_ids)
 
     async def _dead_letter(
         self, user_id: str, thread_id: str, job_id: int | None, attempts: int, exc: Exception

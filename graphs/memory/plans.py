@@ -57,7 +57,9 @@ class PlanMemory:
         plans.sort(key=lambda p: (p.quality == "good", p.score or 0.0), reverse=True)
         return plans[:limit]
 
-    async def record(self, *, key: str, goal: str, steps: list[str], outcome: str) -> None:
+    async def record(
+        self, *, key: str, thread_id: str, goal: str, steps: list[str], outcome: str
+    ) -> None:
         """Plan structure and outcome label only: no results, no rows. Upsert: a re-run node
         writes the same key again instead of a duplicate."""
         steps = [s[:MAX_STEP_CHARS] for s in steps]
@@ -68,9 +70,26 @@ class PlanMemory:
             "steps": steps,
             "outcome": outcome,
             "quality": quality,
+            "thread_id": thread_id,
             "at": now_iso(),
         }
         await self._store.aput(self._namespace, key, value)
+
+    async def count(self) -> int:
+        return len(await self._all())
+
+    async def forget_thread(self, thread_id: str) -> int:
+        """A deleted conversation takes its plan summaries with it."""
+        doomed = [i for i in await self._all() if i.value.get("thread_id") == thread_id]
+        for item in doomed:
+            await self._store.adelete(self._namespace, item.key)
+        return len(doomed)
+
+    async def _all(self) -> list[Any]:
+        found: list[Any] = []
+        while batch := await self._store.asearch(self._namespace, limit=500, offset=len(found)):
+            found.extend(batch)
+        return found
 
 
 def summary_key(thread_id: str, goal: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from langgraph.store.base import GetOp, SearchItem, SearchOp
+from langgraph.store.base import GetOp, PutOp, SearchItem, SearchOp
 
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
@@ -34,6 +34,13 @@ SUGGESTIONS = "suggestions"
 """Sensitive facts (in a category the user opted into) waiting for the user's confirmation."""
 MEMORY_KINDS = (PROFILE, FACTS)
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
+
+
+def user_label(user_id: str) -> str:
+    """user_id as one namespace label. Labels may not contain "." (the store's separator;
+    e-mail-like OIDC subjects do), so "%" and "." are percent-encoded: distinct ids stay
+    distinct and no id is a prefix of another's namespace path."""
+    return user_id.replace("%", "%25").replace(".", "%2E")
 
 
 class MissingIdentity(PermissionError):
@@ -87,6 +94,7 @@ class ScopedMemory:
             raise MissingIdentity(msg)
         self._store = store
         self.user_id = user_id
+        self.label = user_label(user_id)
         self._locks = locks or user_locks_for(store)
 
     @classmethod
@@ -102,7 +110,7 @@ class ScopedMemory:
         if kind not in ALL_KINDS:
             msg = f"unknown memory namespace {kind!r}"
             raise ValueError(msg)
-        return (ROOT, self.user_id, kind)
+        return (ROOT, self.label, kind)
 
     def locked(self) -> AbstractAsyncContextManager[None]:
         """Serialise this user's memory mutations (across workers with Postgres)."""
@@ -275,6 +283,36 @@ class ScopedMemory:
 
     async def drop_suggestion(self, key: str) -> None:
         await self._store.adelete(self._ns(SUGGESTIONS), key)
+
+    async def suggestion(self, key: str) -> dict[str, Any] | None:
+        item = await self._store.aget(self._ns(SUGGESTIONS), key)
+        return dict(item.value) if item else None
+
+    # Erasing --------------------------------------------------------------------------------
+
+    async def items(self, *, include_tombstones: bool = True) -> list[Item]:
+        """Every item the user owns: under ("memories", user, ...) and under the other agents'
+        user-first namespaces (user, ...), whatever the sub-namespace."""
+        found: list[Item] = []
+        roots = [(ROOT, self.label)] if self.label == ROOT else [(ROOT, self.label), (self.label,)]
+        for root in roots:
+            seen = 0
+            while True:
+                page = await self._store.asearch(root, limit=500, offset=seen)
+                found.extend(page)
+                seen += len(page)
+                if len(page) < 500:
+                    break
+        if include_tombstones:
+            return found
+        return [i for i in found if i.namespace[2:3] != (TOMBSTONES,)]
+
+    async def erase_locked(self, *, include_tombstones: bool) -> int:
+        """Delete every item of this user (tombstones only when asked). Caller holds the lock."""
+        doomed = await self.items(include_tombstones=include_tombstones)
+        if doomed:
+            await self._store.abatch([PutOp(i.namespace, i.key, None) for i in doomed])
+        return len(doomed)
 
     # Bookkeeping ----------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ async def write_memories(
     user_id: str,
     thread_id: str,
     run_id: str,
+    still_wanted: Callable[[], Awaitable[bool]] | None = None,
 ) -> WriteReport:
     """One job run for (user, thread). user_id was resolved from the session when it was queued."""
     report = WriteReport(run_id=run_id)
@@ -81,10 +82,15 @@ async def write_memories(
     verdicts = check_ops(ops, existing=existing, tombstones=tombstones, opted_in=settings.opted_in)
     source = {"thread_id": thread_id, "message_id": new[-1].id, "job_run_id": run_id}
     async with memory.locked():
+        # A conversation deleted (or an account wiped) while the model was thinking: its
+        # deletion held this lock, so checking here means nothing is written after it.
+        if still_wanted is not None and not await still_wanted():
+            report.skipped = "thread_gone"
+            return report
         await _apply(memory, verdicts, source=source, report=report)
         report.swept = await memory.sweep_locked()
-    # Only now, with the whole batch done, does the marker move past these messages.
-    await memory.set_marker(thread_id, last_message_id=new[-1].id)
+        # Only now, with the whole batch done, does the marker move past these messages.
+        await memory.set_marker(thread_id, last_message_id=new[-1].id)
     for reason, count in report.rejected.items():
         log.info("memory op rejected user=%s reason=%s count=%d", user_id, reason, count)
     return report

@@ -424,8 +424,9 @@ async def _remember(runtime: Runtime[Context], state: State, outcome: Outcome) -
     done = [step for _, step, _ in map(step_parts, state.get("past_steps", []))]
     steps = done + [s for s in state.get("plan", []) if s not in done]
     goal = state.get("input", "")
-    key = summary_key(runtime.context.thread_id, goal)
-    await memory.record(key=key, goal=goal, steps=steps, outcome=outcome)
+    thread_id = runtime.context.thread_id
+    key = summary_key(thread_id, goal)
+    await memory.record(key=key, thread_id=thread_id, goal=goal, steps=steps, outcome=outcome)
 
 
 def planner_model(role: Literal["planner", "executor"]) -> BaseChatModel:

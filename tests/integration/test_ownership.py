@@ -29,7 +29,9 @@ async def test_claiming_a_new_thread_records_the_owner(persistence: Persistence)
 
     await claim_thread(persistence.pool, thread_id=thread, user_id="alice", agent="assistant")
 
-    assert await require_owner(persistence.pool, thread_id=thread, user_id="alice") == "assistant"
+    assert (
+        await require_owner(persistence.pool, thread_id=thread, user_id="alice")
+    ).agent == "assistant"
 
 
 async def test_the_owner_can_claim_again(persistence: Persistence) -> None:
@@ -38,7 +40,9 @@ async def test_the_owner_can_claim_again(persistence: Persistence) -> None:
 
     await claim_thread(persistence.pool, thread_id=thread, user_id="alice", agent="assistant")
 
-    assert await require_owner(persistence.pool, thread_id=thread, user_id="alice") == "assistant"
+    assert (
+        await require_owner(persistence.pool, thread_id=thread, user_id="alice")
+    ).agent == "assistant"
     assert (await owned_thread_ids(persistence.pool, user_id="alice")).count(thread) == 1
 
 
@@ -48,7 +52,9 @@ async def test_a_thread_keeps_the_agent_it_started_with(persistence: Persistence
 
     await claim_thread(persistence.pool, thread_id=thread, user_id="alice", agent="planner")
 
-    assert await require_owner(persistence.pool, thread_id=thread, user_id="alice") == "assistant"
+    assert (
+        await require_owner(persistence.pool, thread_id=thread, user_id="alice")
+    ).agent == "assistant"
 
 
 async def test_another_user_cannot_claim_an_owned_thread(persistence: Persistence) -> None:
@@ -58,7 +64,9 @@ async def test_another_user_cannot_claim_an_owned_thread(persistence: Persistenc
     with pytest.raises(ThreadNotFound):
         await claim_thread(persistence.pool, thread_id=thread, user_id="mallory", agent="assistant")
 
-    assert await require_owner(persistence.pool, thread_id=thread, user_id="alice") == "assistant"
+    assert (
+        await require_owner(persistence.pool, thread_id=thread, user_id="alice")
+    ).agent == "assistant"
     assert thread not in await owned_thread_ids(persistence.pool, user_id="mallory")
 
 
@@ -104,7 +112,9 @@ async def test_concurrent_claims_of_a_new_thread_have_exactly_one_winner(
         )
 
         winners = [
-            user for user, result in zip(users, results, strict=True) if result == "assistant"
+            user
+            for user, result in zip(users, results, strict=True)
+            if not isinstance(result, BaseException) and result.agent == "assistant"
         ]
         losers = [result for result in results if isinstance(result, ThreadNotFound)]
         assert len(winners) == 1

@@ -81,4 +81,30 @@ async def test_the_pause_is_durable_and_another_user_cannot_reach_it(planner, pe
     assert str(foreign.value) == str(unknown.value)
     with pytest.raises(ThreadNotFound):
         await claim_thread(persistence.pool, thread_id=thread, user_id="bob", agent="planner")
-    assert await require_owner(persistence.pool, thread_id=thread, user_id="alice") == "planner"
+    owned = await require_owner(persistence.pool, thread_id=thread, user_id="alice")
+    assert owned.agent == "planner"
+
+
+async def test_deleting_the_conversation_deletes_its_plan_summary(planner, persistence):
+    from auth.sessions import SessionRevocations
+    from graphs.memory.plans import PlanMemory
+    from ui.privacy import Privacy
+
+    thread = "flow-deleted"
+    await claim_thread(persistence.pool, thread_id=thread, user_id="dora", agent="planner")
+    ctx = Context(user_id="dora", thread_id=thread, agent="planner")
+    await planner.ainvoke({"input": GOAL}, config(thread), context=ctx)
+    await planner.ainvoke(Command(resume={"decision": "reject"}), config(thread), context=ctx)
+    plans = PlanMemory(persistence.store, "dora")
+    assert await plans.count() == 1  # rejected plans are remembered too, labelled poor
+
+    privacy = Privacy(
+        pool=persistence.pool,
+        store=persistence.store,
+        checkpointer=persistence.checkpointer,
+        memory_jobs=None,
+        revocations=SessionRevocations(persistence.pool),
+        default_retention_days=365,
+    )
+    await privacy.delete_conversation(user_id="dora", thread_id=thread, forget=False)
+    assert await plans.count() == 0

@@ -486,10 +486,17 @@ async def test_past_plans_prefer_good_outcomes():
     from graphs.memory.plans import PlanMemory
 
     memory = PlanMemory(InMemoryStore(), "alice")
-    await memory.record(key="a", goal="churn by region", steps=["x"], outcome="partial")
-    await memory.record(key="b", goal="churn by region", steps=["y"], outcome="answered")
+    await memory.record(
+        key="a", thread_id="t1", goal="churn by region", steps=["x"], outcome="partial"
+    )
+    await memory.record(
+        key="b", thread_id="t2", goal="churn by region", steps=["y"], outcome="answered"
+    )
     found = await memory.similar("churn by region")
     assert [p.quality for p in found] == ["good", "poor"]
+    assert await memory.forget_thread("t1") == 1
+    assert [p.steps for p in await memory.similar("churn")] == [["y"]]
+    assert await memory.count() == 1
     assert await PlanMemory(InMemoryStore(), "bob").similar("churn") == []
     with pytest.raises(PermissionError):
         PlanMemory(InMemoryStore(), "")

@@ -1,0 +1,148 @@
+"""Ending sessions: Chainlit's session is a signed cookie, so "log out everywhere" is a
+server-side cut-off time per user. A token issued before it is refused on every path:
+HTTP routes, the websocket handshake and every chat event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from http.cookies import CookieError, SimpleCookie
+from typing import TYPE_CHECKING, Any
+
+import jwt
+from chainlit.auth.cookie import clear_auth_cookie, get_token_from_cookies
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from graphs.core.persistence import Pool
+
+log = logging.getLogger("cairn.security")
+
+_CACHE_SECONDS = 2.0
+"""How long one worker trusts its last look at a user's cut-off (a revocation lands within it)."""
+
+
+class SessionRevoked(PermissionError):
+    """The signed-in session was ended (its account's data was wiped)."""
+
+
+def token_claims(token: str | None, secret: str) -> dict[str, Any] | None:
+    """The verified claims of a session token, or None when there is none or it is invalid."""
+    if not token:
+        return None
+    try:
+        claims: dict[str, Any] = jwt.decode(token, secret, algorithms=["HS256"])
+    except jwt.PyJWTError:
+        return None
+    return claims
+
+
+class SessionRevocations:
+    """Per-user cut-off times in Postgres, shared by every worker."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._cache: dict[str, tuple[float, float | None]] = {}
+
+    async def revoke(self, user_id: str) -> None:
+        """Every session of user_id issued up to now stops working."""
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_session_revocations (user_id, revoked_at) VALUES (%s, now()) "
+                "ON CONFLICT (user_id) DO UPDATE SET revoked_at = now()",
+                (user_id,),
+            )
+        self._cache.pop(user_id, None)
+        log.info("ended every session of user %s", user_id)
+
+    async def cut_off(self, user_id: str) -> float | None:
+        now = time.monotonic()
+        cached = self._cache.get(user_id)
+        if cached is not None and now - cached[0] < _CACHE_SECONDS:
+            return cached[1]
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT revoked_at FROM cairn_session_revocations WHERE user_id = %s", (user_id,)
+            )
+            row = await cur.fetchone()
+        value = row["revoked_at"].timestamp() if row else None
+        self._cache[user_id] = (now, value)
+        return value
+
+    async def is_revoked(self, user_id: str, issued_at: float | None) -> bool:
+        """True when the session was issued at or before the user's cut-off.
+
+        Tokens carry whole seconds; one issued in the second of the cut-off itself counts as
+        before it, so a session that existed during the wipe never survives it.
+        """
+        cut_off = await self.cut_off(user_id)
+        if cut_off is None:
+            return False
+        return issued_at is None or int(issued_at) <= int(cut_off)
+
+    async def check(self, user_id: str, token: str | None, secret: str) -> None:
+        claims = token_claims(token, secret)
+        issued_at = float(claims["iat"]) if claims and "iat" in claims else None
+        if await self.is_revoked(user_id, issued_at):
+            log.warning("refused: ended session of user %s was used", user_id)
+            raise SessionRevoked("This session has ended. Please sign in again.")
+
+
+class EndedSessionGuard:
+    """ASGI middleware: a request (HTTP or the chat websocket's handshake) carrying an ended
+    session is refused before any route, Chainlit's included, sees it."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        secret: str,
+        revocations: Callable[[], SessionRevocations | None],
+    ) -> None:
+        self.app = app
+        self.secret = secret
+        self.revocations = revocations
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        revocations = self.revocations()
+        if scope["type"] not in ("http", "websocket") or revocations is None:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        token = get_token_from_cookies(dict(_cookies(headers.get("cookie", ""))))
+        if not token and (auth := headers.get("authorization", "")).lower().startswith("bearer "):
+            token = auth[7:]
+        claims = token_claims(token, self.secret)
+        user_id = claims.get("identifier") if claims else None
+        if claims is None or not user_id:
+            await self.app(scope, receive, send)
+            return
+        issued_at = float(claims["iat"]) if "iat" in claims else None
+        if not await revocations.is_revoked(str(user_id), issued_at):
+            await self.app(scope, receive, send)
+            return
+        log.warning("refused: ended session of user %s at %s", user_id, scope.get("path"))
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 4401})
+            return
+        response = JSONResponse(
+            {"detail": "This session has ended. Please sign in again."}, status_code=401
+        )
+        clear_auth_cookie(Request(scope), response)
+        await response(scope, receive, send)
+
+
+def _cookies(header: str) -> list[tuple[str, str]]:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return []
+    return [(key, morsel.value) for key, morsel in jar.items()]

@@ -1,0 +1,89 @@
+// Cairn additions to Chainlit's UI: "Delete conversation" in an open conversation's header,
+// with the choice to also forget what was learned from it.
+"use strict";
+
+(function () {
+  const BUTTON_ID = "cairn-delete-conversation";
+
+  function currentThread() {
+    const match = window.location.pathname.match(/^\/thread\/([^/]+)\/?$/);
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
+  function ensureButton() {
+    const threadId = currentThread();
+    const existing = document.getElementById(BUTTON_ID);
+    const header = document.getElementById("header");
+    if (!threadId || !header) {
+      if (existing) existing.remove();
+      return;
+    }
+    if (existing) return;
+    const button = document.createElement("button");
+    button.id = BUTTON_ID;
+    button.type = "button";
+    button.className = "cairn-header-button";
+    button.textContent = "Delete conversation";
+    button.addEventListener("click", openDialog);
+    const right = header.lastElementChild || header;
+    right.prepend(button);
+  }
+
+  function openDialog() {
+    const threadId = currentThread();
+    if (!threadId) return;
+    const dialog = document.createElement("dialog");
+    dialog.className = "cairn-dialog";
+    dialog.id = "cairn-delete-dialog";
+    const title = document.createElement("h2");
+    title.textContent = "Delete this conversation?";
+    const text = document.createElement("p");
+    text.textContent =
+      "Its messages and everything the agent saved for it are erased now. This cannot be undone.";
+    const label = document.createElement("label");
+    const forget = document.createElement("input");
+    forget.type = "checkbox";
+    forget.id = "cairn-also-forget";
+    label.append(forget, " Also forget what Cairn learned from it");
+    const error = document.createElement("p");
+    error.className = "cairn-error";
+    const actions = document.createElement("div");
+    actions.className = "cairn-dialog-actions";
+    const cancel = document.createElement("button");
+    cancel.type = "button";
+    cancel.textContent = "Cancel";
+    cancel.addEventListener("click", () => dialog.remove());
+    const confirm = document.createElement("button");
+    confirm.type = "button";
+    confirm.textContent = "Delete";
+    confirm.className = "cairn-destructive";
+    confirm.addEventListener("click", async () => {
+      confirm.disabled = true;
+      try {
+        const response = await fetch(
+          "/api/conversations/" + encodeURIComponent(threadId) + "/delete",
+          {
+            method: "POST",
+            credentials: "same-origin",
+            headers: { "Content-Type": "application/json", "X-Cairn-Request": "1" },
+            body: JSON.stringify({ forget: forget.checked }),
+          }
+        );
+        if (!response.ok) {
+          const data = await response.json().catch(() => ({}));
+          throw new Error(data.detail || "The conversation could not be deleted.");
+        }
+        window.location.href = "/";
+      } catch (e) {
+        error.textContent = e.message;
+        confirm.disabled = false;
+      }
+    });
+    actions.append(cancel, confirm);
+    dialog.append(title, text, label, error, actions);
+    document.body.append(dialog);
+    dialog.showModal();
+  }
+
+  window.setInterval(ensureButton, 500);
+})();

@@ -1,0 +1,318 @@
+// The memory & data page. Every value from the server is put in the page with textContent
+// (never innerHTML), so a stored fact cannot inject markup.
+"use strict";
+
+const HEADERS = { "Content-Type": "application/json", "X-Cairn-Request": "1" };
+let state = null;
+
+const $ = (id) => document.getElementById(id);
+
+function say(text, isError = false) {
+  const status = $("status");
+  status.textContent = text;
+  status.classList.toggle("error", isError);
+}
+
+async function api(method, url, body) {
+  const response = await fetch(url, {
+    method,
+    headers: HEADERS,
+    credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (response.status === 401) {
+    window.location.href = "/login";
+    throw new Error("Please sign in again.");
+  }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const detail = typeof data.detail === "string" ? data.detail : "Something went wrong.";
+    throw new Error(detail);
+  }
+  return data;
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+function when(iso) {
+  if (!iso) return "";
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? "" : date.toLocaleString();
+}
+
+function conversationLink(threadId, name) {
+  const link = el("a", name || "a conversation");
+  link.href = "/thread/" + encodeURIComponent(threadId);
+  return link;
+}
+
+async function load() {
+  try {
+    state = await api("GET", "/api/memory");
+  } catch (error) {
+    say(error.message, true);
+    return;
+  }
+  render();
+}
+
+function render() {
+  $("who").textContent = state.user;
+  renderSettings();
+  renderSuggestions();
+  renderMemories();
+  renderConversations();
+}
+
+function renderSettings() {
+  const s = state.settings;
+  $("memory-enabled").checked = s.enabled;
+  const box = $("opt-in");
+  box.replaceChildren();
+  for (const category of s.sensitive_categories) {
+    const label = el("label", null, "check");
+    const input = document.createElement("input");
+    input.type = "checkbox";
+    input.value = category;
+    input.checked = s.opted_in.includes(category);
+    label.append(input, " " + category.replace("_", " "));
+    box.append(label);
+  }
+  $("retention").value = s.retention_days ? String(s.retention_days) : "";
+  const days = s.retention_days || s.default_retention_days;
+  $("retention-text").textContent = days + " days without activity";
+}
+
+function renderSuggestions() {
+  const list = $("suggestions");
+  list.replaceChildren();
+  $("suggestions-section").hidden = state.suggestions.length === 0;
+  for (const s of state.suggestions) {
+    const item = el("li", null, "suggestion");
+    item.dataset.id = s.id;
+    item.append(el("div", s.content, "text"));
+    const meta = el("div", s.category, "meta");
+    if (s.thread_id && s.conversation) {
+      meta.append(" · from ", conversationLink(s.thread_id, s.conversation));
+    }
+    const actions = el("div", null, "actions");
+    const yes = el("button", "Confirm");
+    const no = el("button", "Reject", "destructive");
+    yes.type = no.type = "button";
+    yes.addEventListener("click", () => answer(s, "confirm"));
+    no.addEventListener("click", () => answer(s, "reject"));
+    actions.append(yes, no);
+    item.append(meta, actions);
+    list.append(item);
+  }
+}
+
+async function answer(suggestion, decision) {
+  try {
+    const result = await api("POST", "/api/memory/suggestions/" + suggestion.id, { decision });
+    say(result.stored ? "Stored: " + suggestion.content : "Not stored.");
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
+}
+
+let searchHits = null;
+
+function renderMemories() {
+  const categories = [...new Set(state.memories.map((m) => m.category))].sort();
+  const select = $("category-filter");
+  const chosen = select.value;
+  select.replaceChildren(el("option", "All categories"));
+  select.firstChild.value = "";
+  for (const c of categories) {
+    const option = el("option", c);
+    option.value = c;
+    select.append(option);
+  }
+  select.value = categories.includes(chosen) ? chosen : "";
+
+  const needle = $("filter").value.trim().toLowerCase();
+  const shown = state.memories.filter(
+    (m) =>
+      (!select.value || m.category === select.value) &&
+      (!needle || m.content.toLowerCase().includes(needle) || (searchHits && searchHits.has(m.key)))
+  );
+  const box = $("memories");
+  box.replaceChildren();
+  if (shown.length === 0) {
+    box.append(el("p", state.memories.length ? "No memory matches." : "Nothing remembered yet.", "hint"));
+    return;
+  }
+  const groups = new Map();
+  for (const m of shown) {
+    if (!groups.has(m.category)) groups.set(m.category, []);
+    groups.get(m.category).push(m);
+  }
+  for (const [category, memories] of groups) {
+    box.append(el("h3", category));
+    const list = el("ul", null, "list");
+    for (const m of memories) list.append(memoryRow(m));
+    box.append(list);
+  }
+}
+
+function memoryRow(m) {
+  const row = $("memory-row").content.firstElementChild.cloneNode(true);
+  row.dataset.key = m.key;
+  row.querySelector(".text").textContent = m.content;
+  const meta = row.querySelector(".meta");
+  meta.append("updated " + when(m.edited_at || m.updated_at));
+  if (m.edited_at) meta.append(" · edited by you");
+  if (m.source.thread_id && m.source.conversation) {
+    meta.append(" · from ", conversationLink(m.source.thread_id, m.source.conversation));
+  } else if (m.source.thread_id) {
+    meta.append(" · from a deleted conversation");
+  }
+  row.querySelector(".edit").addEventListener("click", () => startEdit(row, m));
+  row.querySelector(".delete").addEventListener("click", () => removeMemory(m));
+  return row;
+}
+
+function startEdit(row, m) {
+  const text = row.querySelector(".text");
+  const input = document.createElement("textarea");
+  input.value = m.content;
+  input.maxLength = 300;
+  input.setAttribute("aria-label", "Memory text");
+  const save = el("button", "Save");
+  const cancel = el("button", "Cancel");
+  save.type = cancel.type = "button";
+  const editor = el("div", null, "editor");
+  editor.append(input, save, cancel);
+  text.replaceWith(editor);
+  input.focus();
+  cancel.addEventListener("click", () => editor.replaceWith(text));
+  save.addEventListener("click", async () => {
+    try {
+      await api("PUT", "/api/memory/items/" + encodeURIComponent(m.key), { content: input.value });
+      say("Saved.");
+      await load();
+    } catch (error) {
+      say(error.message, true);
+    }
+  });
+}
+
+async function removeMemory(m) {
+  if (!window.confirm("Delete this memory?\n\n" + m.content)) return;
+  try {
+    await api("DELETE", "/api/memory/items/" + encodeURIComponent(m.key));
+    say("Deleted. Cairn will not use or learn it again.");
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
+}
+
+function renderConversations() {
+  const list = $("conversations");
+  list.replaceChildren();
+  if (state.conversations.length === 0) {
+    list.append(el("li", "No conversations.", "hint"));
+    return;
+  }
+  for (const c of state.conversations) {
+    const item = el("li", null, "conversation");
+    item.dataset.id = c.id;
+    const title = el("div", null, "text");
+    title.append(conversationLink(c.id, c.name));
+    const meta = el("div", c.agent + " · last active " + when(c.last_active_at), "meta");
+    if (c.temporary) meta.append(" · temporary");
+    const forget = document.createElement("input");
+    forget.type = "checkbox";
+    forget.className = "forget";
+    const label = el("label", null, "check");
+    label.append(forget, " also forget what was learned from it");
+    const remove = el("button", "Delete conversation", "destructive");
+    remove.type = "button";
+    remove.addEventListener("click", () => removeConversation(c, forget.checked));
+    const actions = el("div", null, "actions");
+    actions.append(label, remove);
+    item.append(title, meta, actions);
+    list.append(item);
+  }
+}
+
+async function removeConversation(c, forget) {
+  if (!window.confirm('Delete "' + c.name + '"? This cannot be undone.')) return;
+  try {
+    const result = await api("POST", "/api/conversations/" + encodeURIComponent(c.id) + "/delete", { forget });
+    say("Conversation deleted" + (forget ? "; forgot " + result.forgotten + " memories." : "."));
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
+}
+
+function wireForms() {
+  $("settings-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const opted = [...$("opt-in").querySelectorAll("input:checked")].map((i) => i.value);
+    const retention = $("retention").value;
+    try {
+      const result = await api("PUT", "/api/memory/settings", {
+        enabled: $("memory-enabled").checked,
+        opted_in: opted,
+        retention_days: retention ? Number(retention) : null,
+      });
+      say("Settings saved." + (result.cancelled_jobs ? " Cancelled " + result.cancelled_jobs + " waiting memory updates." : ""));
+    } catch (error) {
+      say(error.message, true);
+    }
+    await load();
+  });
+
+  $("wipe-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      const result = await api("POST", "/api/account/wipe", { confirm: $("wipe-confirm").value });
+      document.body.replaceChildren(
+        el("main", null, "done"),
+      );
+      const main = document.body.firstChild;
+      main.append(
+        el("h1", result.verified ? "All your data was deleted." : "Your data is being deleted."),
+        el("p", "You have been signed out everywhere."),
+      );
+      const again = el("a", "Sign in");
+      again.href = "/login";
+      main.append(again);
+    } catch (error) {
+      say(error.message, true);
+    }
+  });
+
+  let timer = null;
+  $("filter").addEventListener("input", () => {
+    clearTimeout(timer);
+    searchHits = null;
+    renderMemories();
+    const q = $("filter").value.trim();
+    if (!q) return;
+    // Also match by meaning ("where do I live" finds the home city), after a short pause.
+    timer = setTimeout(async () => {
+      try {
+        const found = await api("GET", "/api/memory/search?q=" + encodeURIComponent(q));
+        searchHits = new Set(found.keys);
+        renderMemories();
+      } catch (error) {
+        say(error.message, true);
+      }
+    }, 300);
+  });
+  $("category-filter").addEventListener("change", renderMemories);
+}
+
+wireForms();
+load();

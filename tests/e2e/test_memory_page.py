@@ -1,0 +1,188 @@
+"""The memory & data page in real Chromium: see, edit, delete, confirm, delete a conversation,
+and delete everything, each checked in the database as well as on screen."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import psycopg
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import login, wait_until_connected
+from tests.e2e.test_memory import THREAD_URL, send, stored_memories, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def rows(database_url: str, sql: str, *args: object) -> list[tuple]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def open_memory_page(page, server) -> None:
+    page.goto(f"{server.url}/memory")
+    page.locator("#who").filter(has_text="alice").or_(page.locator("#who")).wait_for()
+    page.locator("#memories").wait_for()
+
+
+def new_conversation(page, server) -> None:
+    page.goto(server.url)
+    page.locator("#chat-input").wait_for()
+    wait_until_connected(page)
+
+
+def test_see_edit_and_delete_memories_with_provenance(app_server, browser):
+    page = login(browser, app_server, "alice")
+    page.on("dialog", lambda dialog: dialog.accept())
+    send(page, "By the way, I live in Pune and I'm vegetarian.")
+    expect(page.get_by_text("You said: By the way, I live in Pune")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(page.url).group(1)  # type: ignore[union-attr]
+    wait_for(lambda: "User is vegetarian" in stored_memories(app_server.database_url))
+
+    # The header link leads to the page; each memory names the conversation it came from.
+    page.get_by_role("link", name="Memory & data").click()
+    page.wait_for_url(f"{app_server.url}/memory")
+    row = page.locator("li.memory", has_text="User is vegetarian")
+    expect(row).to_be_visible()
+    link = row.get_by_role("link")
+    expect(link).to_have_attribute("href", f"/thread/{thread_id}")
+
+    # Edit: same key, new text, used by the assistant in a new conversation.
+    row = page.locator(f'li.memory[data-key="{row.get_attribute("data-key")}"]')
+    row.get_by_role("button", name="Edit").click()
+    row.locator("textarea").fill("User is vegan")
+    row.get_by_role("button", name="Save").click()
+    expect(page.locator("li.memory", has_text="User is vegan")).to_be_visible()
+    expect(page.locator("li.memory", has_text="edited by you")).to_be_visible()
+    assert "User is vegan" in stored_memories(app_server.database_url)
+    assert "User is vegetarian" not in stored_memories(app_server.database_url)
+
+    new_conversation(page, app_server)
+    send(page, "What should I cook tonight?")
+    reply = page.get_by_text("What I remember about you").last
+    expect(reply).to_contain_text("User is vegan")
+
+    # Delete: gone from the store and from the very next turn.
+    open_memory_page(page, app_server)
+    city = page.locator("li.memory", has=page.locator(".text", has_text="Pune"))
+    expect(city).to_be_visible()
+    city.get_by_role("button", name="Delete").click()
+    expect(city).to_have_count(0)
+    assert not any("Pune" in m for m in stored_memories(app_server.database_url))
+    new_conversation(page, app_server)
+    send(page, "Where should I go out this weekend?")
+    reply = page.get_by_text("You said: Where should I go out").last
+    expect(reply).to_be_visible()
+    expect(reply).not_to_contain_text("Pune")
+
+    # Search by text filters the list; export downloads the same memories as JSON.
+    open_memory_page(page, app_server)
+    page.locator("#filter").fill("vegan")
+    expect(page.locator("li.memory")).to_have_count(1)
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Export as JSON").click()
+    exported = json.loads(open(download.value.path()).read())  # noqa: SIM115
+    assert [m["content"] for m in exported["memories"]] == ["User is vegan"]
+    page.context.close()
+
+
+def test_memory_text_is_escaped_on_the_page(app_server, browser):
+    page = login(browser, app_server, "alice")
+    send(page, "Remember that I like <img src=x onerror=alert(1)> tags")
+    expect(page.get_by_text("Saved:").last).to_be_visible()
+    open_memory_page(page, app_server)
+    fired: list[str] = []
+    page.on("dialog", lambda dialog: (fired.append(dialog.message), dialog.dismiss()))
+    row = page.locator("li.memory", has_text="<img src=x onerror=alert(1)>")
+    expect(row).to_be_visible()
+    assert page.locator("li.memory img").count() == 0
+    assert fired == []
+    page.context.close()
+
+
+def test_delete_conversation_from_the_conversation_with_also_forget(app_server, browser):
+    page = login(browser, app_server, "alice")
+    send(page, "I prefer lighthouse tours.")
+    expect(page.get_by_text("You said: I prefer lighthouse tours.")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(page.url).group(1)  # type: ignore[union-attr]
+    wait_for(lambda: any("lighthouse tours" in m for m in stored_memories(app_server.database_url)))
+    db = app_server.database_url
+    assert rows(db, "SELECT 1 FROM checkpoints WHERE thread_id = %s", thread_id)
+
+    page.get_by_role("button", name="Delete conversation").click()
+    page.locator("#cairn-also-forget").check()
+    page.locator("#cairn-delete-dialog").get_by_role("button", name="Delete").click()
+    page.wait_for_url(f"{app_server.url}/")
+
+    assert not rows(db, "SELECT 1 FROM checkpoints WHERE thread_id = %s", thread_id)
+    assert not rows(db, "SELECT 1 FROM checkpoint_writes WHERE thread_id = %s", thread_id)
+    assert not rows(db, 'SELECT 1 FROM "Thread" WHERE id = %s', thread_id)
+    assert not rows(db, 'SELECT 1 FROM "Step" WHERE "threadId" = %s', thread_id)
+    assert not rows(db, "SELECT 1 FROM cairn_threads WHERE thread_id = %s", thread_id)
+    assert not rows(
+        db,
+        "SELECT 1 FROM procrastinate_jobs WHERE args->>'thread_id' = %s AND status = 'todo'",
+        thread_id,
+    )
+    assert not any("lighthouse" in m for m in stored_memories(db))
+    # Its URL is now "not found", like any id that never existed.
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    answer = httpx.get(f"{app_server.url}/project/thread/{thread_id}", cookies=cookies)
+    assert answer.status_code == 404
+    page.context.close()
+
+
+def test_delete_all_my_data_ends_the_session_and_leaves_nothing(app_server, browser):
+    page = login(browser, app_server, "bob")
+    send(page, "I'm allergic to peanuts and I live in Lisbon.")
+    expect(page.get_by_text("You said: I'm allergic to peanuts")).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    # A second message keeps a memory job pending while the wipe runs.
+    send(page, "My favourite colour is teal.")
+    expect(page.get_by_text("You said: My favourite colour is teal.")).to_be_visible()
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+
+    page.goto(f"{app_server.url}/memory")
+    expect(page.locator("#who")).not_to_be_empty()
+    user = page.locator("#who").inner_text()
+    db = app_server.database_url
+    assert rows(db, "SELECT 1 FROM cairn_threads WHERE owner_id = %s", user)
+    page.locator("#wipe-confirm").fill("delete my data")
+    page.get_by_role("button", name="Delete all my data").click()
+    expect(page.get_by_text("All your data was deleted.")).to_be_visible()
+
+    label = user.replace("%", "%25").replace(".", "%2E")
+
+    def nothing_left() -> bool:
+        return not (
+            rows(db, "SELECT 1 FROM store WHERE prefix LIKE %s", f"memories.{label}%")
+            or rows(db, "SELECT 1 FROM cairn_threads WHERE owner_id = %s", user)
+            or rows(db, 'SELECT 1 FROM "User" WHERE identifier = %s', user)
+            or rows(
+                db,
+                "SELECT 1 FROM procrastinate_jobs WHERE args->>'user_id' = %s AND status = 'todo'",
+                user,
+            )
+        )
+
+    assert nothing_left()
+    # Nothing is written afterwards, even by the job that was pending (idle time is 1 s).
+    import time
+
+    time.sleep(3)
+    assert nothing_left()
+    assert rows(db, "SELECT verified FROM cairn_wipes WHERE user_id = %s", user) == [(True,)]
+
+    # The old session cannot act any more, on any path.
+    for path in ("/api/memory", "/project/threads"):
+        method = httpx.get if path == "/api/memory" else httpx.post
+        kwargs = (
+            {} if method is httpx.get else {"json": {"pagination": {"first": 20}, "filter": {}}}
+        )
+        refused = method(f"{app_server.url}{path}", cookies=cookies, **kwargs)
+        assert refused.status_code == 401, (path, refused.status_code)
+    page.context.close()

@@ -1,0 +1,409 @@
+"""The memory & data page: see and fix what Cairn believes about you, and make things go away.
+
+Every route acts only on the signed-in user's own data, from the verified session cookie.
+A foreign memory key, suggestion or thread id gets the same 404 as a missing one (and is
+logged). State-changing requests are POST/PUT/DELETE and must carry the page's request
+header from an allowed origin; the session cookie is SameSite=Lax.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from chainlit.auth import clear_auth_cookie
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+from langchain_core.messages import AIMessage
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict, Field
+
+from auth.identity import CurrentUserId, flag_client_identity
+from auth.ownership import ThreadNotFound
+from graphs.core.context import Context
+from graphs.core.runlock import ThreadBusy
+from graphs.memory.manage import (
+    MemoryNotFound,
+    MemoryRefused,
+    answer_suggestion,
+    edit_memory,
+    export_memories,
+    forget_key,
+)
+from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
+from graphs.memory.scoped import MemorySettings, ScopedMemory
+
+if TYPE_CHECKING:
+    from ui.runtime import AppRuntime
+
+log = logging.getLogger("cairn.security")
+
+PAGE = Path(__file__).resolve().parent.parent / "public" / "memory.html"
+REQUEST_HEADER = "x-cairn-request"
+"""Sent by the page's own script; a cross-site form cannot set it, a cross-site script
+would need a CORS preflight that the allowed origins refuse."""
+WIPE_PHRASE = "delete my data"
+PAUSED = "paused"
+SAVED = "saved"
+
+
+def _runtime() -> AppRuntime:
+    from ui.runtime import get_runtime
+
+    try:
+        return get_runtime()
+    except RuntimeError:
+        raise HTTPException(status_code=503, detail="Cairn is still starting") from None
+
+
+Runtime = Annotated["AppRuntime", Depends(_runtime)]
+
+
+def _not_found(what: str, user_id: str, ident: str) -> HTTPException:
+    log.warning("refused or missing: user %s asked for %s %s", user_id, what, ident)
+    return HTTPException(status_code=404, detail=f"{what.capitalize()} not found")
+
+
+async def same_origin(request: Request, runtime: Runtime) -> None:
+    """CSRF check for every state-changing route."""
+    origin = request.headers.get("origin") or ""
+    allowed = set(runtime.settings.origins(request.url.port or 80)) | {runtime.public_url}
+    if request.headers.get(REQUEST_HEADER) != "1" or (origin and origin not in allowed):
+        log.warning("refused: cross-site or scripted request to %s", request.url.path)
+        raise HTTPException(status_code=403, detail="Request refused (missing page header)")
+
+
+Checked = Depends(same_origin)
+
+
+class EditBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    content: Annotated[str, Field(min_length=1, max_length=MAX_CHARS)]
+
+
+class DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    decision: Literal["confirm", "reject"]
+
+
+class SettingsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    enabled: bool
+    opted_in: list[Literal["health", "religion", "politics", "sexuality", "finance_sensitive"]] = []
+    retention_days: Annotated[int, Field(ge=1, le=3650)] | None = None
+
+
+class DeleteConversationBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    forget: bool = False
+
+
+class WipeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    confirm: str
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/memory", include_in_schema=False)
+    async def page() -> FileResponse:
+        # Static shell, no data: its script asks the API, which needs the session.
+        return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
+
+    @router.get("/api/memory")
+    async def overview(user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+        memory = _memory(runtime, user_id)
+        settings = await memory.settings()
+        conversations = await _conversations(runtime, user_id)
+        names = {c["id"]: c["name"] for c in conversations}
+        memories = sorted(await memory.all_memories(), key=lambda m: (m.category, m.content))
+        return {
+            "user": user_id,
+            "settings": {
+                "enabled": settings.enabled,
+                "opted_in": sorted(settings.opted_in),
+                "sensitive_categories": sorted(SENSITIVE_CATEGORIES),
+                "retention_days": await runtime.privacy.retention_days(user_id),
+                "default_retention_days": runtime.settings.retention_days,
+            },
+            "memories": [_memory_json(m, names) for m in memories],
+            "suggestions": await _suggestions(runtime, user_id, memory, names),
+            "conversations": conversations,
+            "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
+            if runtime.memory_jobs
+            else 0,
+        }
+
+    @router.get("/api/memory/search")
+    async def search(
+        user_id: CurrentUserId, runtime: Runtime, q: Annotated[str, Query(max_length=500)] = ""
+    ) -> dict[str, Any]:
+        if not q.strip():
+            return {"keys": []}
+        found = await _memory(runtime, user_id).search(
+            q, limit=20, threshold=0.2, kinds=("profile", "facts")
+        )
+        return {"keys": [m.key for m in found]}
+
+    @router.put("/api/memory/items/{key}", dependencies=[Checked])
+    async def edit(key: str, body: EditBody, user_id: CurrentUserId, runtime: Runtime) -> Any:
+        try:
+            updated = await edit_memory(_memory(runtime, user_id), key, body.content)
+        except MemoryNotFound:
+            raise _not_found("memory", user_id, key) from None
+        except MemoryRefused as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        names = {c["id"]: c["name"] for c in await _conversations(runtime, user_id)}
+        return _memory_json(updated, names)
+
+    @router.delete("/api/memory/items/{key}", dependencies=[Checked])
+    async def delete(key: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, str]:
+        try:
+            await forget_key(_memory(runtime, user_id), key)
+        except MemoryNotFound:
+            raise _not_found("memory", user_id, key) from None
+        return {"deleted": key}
+
+    @router.post("/api/memory/suggestions/{suggestion_id:path}", dependencies=[Checked])
+    async def answer(
+        suggestion_id: str, body: DecisionBody, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        kind, _, rest = suggestion_id.partition(":")
+        accept = body.decision == "confirm"
+        if kind == SAVED:
+            try:
+                stored = await answer_suggestion(_memory(runtime, user_id), rest, accept=accept)
+            except MemoryNotFound:
+                raise _not_found("suggestion", user_id, suggestion_id) from None
+            return {"stored": stored is not None}
+        if kind == PAUSED:
+            thread_id, _, interrupt_id = rest.partition(":")
+            return await _resume_paused(runtime, user_id, thread_id, interrupt_id, body.decision)
+        raise _not_found("suggestion", user_id, suggestion_id)
+
+    @router.put("/api/memory/settings", dependencies=[Checked])
+    async def save_settings(
+        body: SettingsBody, request: Request, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        flag_client_identity(await request.json(), where="memory settings", user_id=user_id)
+        memory = _memory(runtime, user_id)
+        async with memory.locked():
+            await memory.save_settings(
+                MemorySettings(enabled=body.enabled, opted_in=frozenset(body.opted_in))
+            )
+        cancelled = 0
+        if not body.enabled and runtime.memory_jobs is not None:
+            # Off means off: nothing queued may still write.
+            cancelled = await runtime.memory_jobs.cancel_user(user_id=user_id)
+        await runtime.privacy.set_retention_days(user_id, body.retention_days)
+        log.info("memory settings saved user=%s enabled=%s", user_id, body.enabled)
+        return {"saved": True, "cancelled_jobs": cancelled}
+
+    @router.get("/api/memory/export")
+    async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
+        data = await export_memories(_memory(runtime, user_id))
+        stamp = datetime.now(UTC).strftime("%Y%m%d")
+        return JSONResponse(
+            data,
+            headers={
+                "Content-Disposition": f'attachment; filename="cairn-memories-{stamp}.json"',
+                "Cache-Control": "no-store",
+            },
+        )
+
+    @router.post("/api/conversations/{thread_id}/delete", dependencies=[Checked])
+    async def delete_conversation(
+        thread_id: str, body: DeleteConversationBody, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        try:
+            done = await runtime.privacy.delete_conversation(
+                user_id=user_id, thread_id=thread_id, forget=body.forget
+            )
+        except ThreadNotFound:
+            raise HTTPException(status_code=404, detail="Conversation not found") from None
+        return {"deleted": done.thread_id, "forgotten": done.forgotten}
+
+    @router.post("/api/account/wipe", dependencies=[Checked])
+    async def wipe(
+        body: WipeBody,
+        request: Request,
+        response: Response,
+        user_id: CurrentUserId,
+        runtime: Runtime,
+    ) -> dict[str, Any]:
+        if body.confirm.strip().lower() != WIPE_PHRASE:
+            raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
+        report = await runtime.privacy.wipe_account(user_id)
+        await _disconnect_sockets(user_id)
+        clear_auth_cookie(request, response)
+        return {
+            "wipe_id": report.wipe_id,
+            "counts": report.counts,
+            "verified": report.verified,
+            "leftovers": report.leftovers,
+        }
+
+    return router
+
+
+def _memory(runtime: AppRuntime, user_id: str) -> ScopedMemory:
+    assert runtime.persistence is not None
+    return ScopedMemory(runtime.persistence.store, user_id)
+
+
+def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
+    thread_id = m.source.get("thread_id")
+    return {
+        "key": m.key,
+        "content": m.content,
+        "category": m.category,
+        "updated_at": m.updated_at,
+        "confidence": m.confidence,
+        "edited_at": (m.source.get("edited") or {}).get("at"),
+        "source": {
+            "thread_id": thread_id,
+            # Only the user's own, still existing conversations are linked.
+            "conversation": names.get(thread_id) if thread_id else None,
+            "kind": m.source.get("kind") or ("memory job" if m.source.get("job_run_id") else None),
+        },
+    }
+
+
+async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, Any]]:
+    async with runtime.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT c.thread_id, c.agent, c.temporary, c.last_active_at, t.name "
+            'FROM cairn_threads c LEFT JOIN "Thread" t ON t.id = c.thread_id '
+            "WHERE c.owner_id = %s ORDER BY c.last_active_at DESC",
+            (user_id,),
+        )
+        rows = await cur.fetchall()
+    return [
+        {
+            "id": row["thread_id"],
+            "name": row["name"] or "Untitled conversation",
+            "agent": row["agent"],
+            "temporary": row["temporary"],
+            "last_active_at": row["last_active_at"].isoformat(),
+        }
+        for row in rows
+    ]
+
+
+async def _suggestions(
+    runtime: AppRuntime, user_id: str, memory: ScopedMemory, names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Sensitive facts waiting for a yes or no: the assistant's paused confirmations (the
+    run resumes when answered here) and the memory job's stored suggestions."""
+    found: list[dict[str, Any]] = []
+    graph = runtime.graphs.get("assistant")
+    if graph is not None:
+        for thread_id in list(names)[:50]:
+            state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            for interrupt in state.interrupts:
+                value = interrupt.value if isinstance(interrupt.value, dict) else {}
+                if value.get("kind") != "confirm_memory":
+                    continue
+                found.append(
+                    {
+                        "id": f"{PAUSED}:{thread_id}:{interrupt.id}",
+                        "content": str(value.get("content", "")),
+                        "category": str(value.get("category", "")),
+                        "thread_id": thread_id,
+                        "conversation": names.get(thread_id),
+                    }
+                )
+    for suggestion in await memory.suggestions():
+        source_thread = (suggestion.get("source") or {}).get("thread_id")
+        found.append(
+            {
+                "id": f"{SAVED}:{suggestion.get('key')}",
+                "content": str(suggestion.get("content", "")),
+                "category": str(suggestion.get("category", "")),
+                "thread_id": source_thread,
+                "conversation": names.get(source_thread) if source_thread else None,
+            }
+        )
+    return found
+
+
+async def _resume_paused(
+    runtime: AppRuntime, user_id: str, thread_id: str, interrupt_id: str, decision: str
+) -> dict[str, Any]:
+    """Answer a paused confirmation from this page: the same Command(resume=...) the chat's
+    buttons send, after the same ownership and pending-interrupt checks."""
+    from auth.ownership import require_owner
+
+    ident = f"{thread_id}:{interrupt_id}"
+    try:
+        owned = await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+    except ThreadNotFound:
+        raise _not_found("suggestion", user_id, ident) from None
+    graph = runtime.graphs.get(owned.agent)
+    if graph is None:
+        raise _not_found("suggestion", user_id, ident)
+    config: Any = {"configurable": {"thread_id": thread_id}}
+    assert runtime.run_locks is not None
+    try:
+        async with runtime.run_locks.hold(thread_id):
+            state = await graph.aget_state(config)
+            pending = {i.id: i.value for i in state.interrupts}
+            if interrupt_id not in pending:
+                raise _not_found("suggestion", user_id, ident)
+            asked = pending[interrupt_id] if isinstance(pending[interrupt_id], dict) else {}
+            context = Context(
+                user_id=user_id, thread_id=thread_id, agent=owned.agent, memory=not owned.temporary
+            )
+            command: Command[Any] = Command(resume={interrupt_id: {"decision": decision}})
+            result = await graph.ainvoke(command, config, context=context)
+    except ThreadBusy as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    reply = next(
+        (str(m.text) for m in reversed(result.get("messages", [])) if isinstance(m, AIMessage)),
+        "",
+    )
+    await _add_reply_to_conversation(thread_id, reply)
+    wanted = normalise_fact(str(asked.get("content", "")))
+    stored = any(
+        normalise_fact(m.content) == wanted for m in await _memory(runtime, user_id).all_memories()
+    )
+    return {"stored": stored, "reply": reply}
+
+
+async def _add_reply_to_conversation(thread_id: str, text: str) -> None:
+    """The resumed run's answer also appears in the conversation when it is reopened."""
+    from chainlit.data import get_data_layer
+
+    data_layer = get_data_layer()
+    if data_layer is None or not text:
+        return
+    now = datetime.now(UTC).isoformat()
+    await data_layer.create_step(
+        {
+            "id": str(uuid.uuid4()),
+            "threadId": thread_id,
+            "name": "Cairn",
+            "type": "assistant_message",
+            "output": text,
+            "metadata": {},
+            "createdAt": now,
+            "start": now,
+            "end": now,
+        }  # type: ignore[typeddict-item]
+    )
+
+
+async def _disconnect_sockets(user_id: str) -> None:
+    """End this worker's live chat connections of the user (other workers refuse the
+    ended session at its next event)."""
+    from chainlit.server import sio
+    from chainlit.session import WebsocketSession, ws_sessions_id
+
+    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
+    for session in sessions:
+        if getattr(session.user, "identifier", None) == user_id:
+            await sio.disconnect(session.socket_id)

@@ -1,0 +1,296 @@
+"""Making things go away, with promises the code keeps: a conversation, everything learned
+from it, conversations past their retention window, or the whole account.
+
+Every workflow here is idempotent (each step deletes "whatever is left"), so a run that
+crashed part-way is finished by running it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from auth.ownership import ThreadNotFound
+from graphs.memory.manage import forget_thread_memories
+from graphs.memory.plans import PlanMemory
+from graphs.memory.scoped import ScopedMemory
+
+if TYPE_CHECKING:
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.store.base import BaseStore
+
+    from auth.sessions import SessionRevocations
+    from graphs.core.persistence import Pool
+    from graphs.memory.jobs import MemoryJobs
+
+log = logging.getLogger("cairn.privacy")
+
+WIPE_PASSES = 3
+"""A wipe re-runs its steps until its own check finds nothing (a turn that was mid-flight
+when it began can still land one last write)."""
+
+
+@dataclass(frozen=True)
+class ConversationDeleted:
+    thread_id: str
+    forgotten: int
+
+
+@dataclass
+class WipeReport:
+    wipe_id: int
+    counts: dict[str, int] = field(default_factory=dict)
+    thread_ids: set[str] = field(default_factory=set)
+    leftovers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        return not any(self.leftovers.values())
+
+
+class Privacy:
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        store: BaseStore,
+        checkpointer: BaseCheckpointSaver[Any],
+        memory_jobs: MemoryJobs | None,
+        revocations: SessionRevocations,
+        default_retention_days: int,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.checkpointer = checkpointer
+        self.memory_jobs = memory_jobs
+        self.revocations = revocations
+        self.default_retention_days = default_retention_days
+
+    # One conversation ----------------------------------------------------------------------
+
+    async def owner_of(self, thread_id: str) -> str | None:
+        """The thread's owner from Cairn's record, else Chainlit's (a conversation whose only
+        message was refused has no graph thread)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT owner_id FROM cairn_threads WHERE thread_id = %s "
+                'UNION ALL SELECT u.identifier FROM "Thread" t JOIN "User" u ON u.id = t."userId" '
+                "WHERE t.id = %s LIMIT 1",
+                (thread_id, thread_id),
+            )
+            row = await cur.fetchone()
+        return str(row["owner_id"]) if row else None
+
+    async def delete_conversation(
+        self, *, user_id: str, thread_id: str, forget: bool
+    ) -> ConversationDeleted:
+        """The user deletes one of their conversations (unknown and foreign look alike)."""
+        if await self.owner_of(thread_id) != user_id:
+            log.warning("refused: user %s tried to delete thread %s", user_id, thread_id)
+            raise ThreadNotFound
+        forgotten = await self.purge_thread(user_id, thread_id, forget=forget, chainlit=True)
+        log.info(
+            "conversation deleted user=%s thread=%s forgot=%d memories",
+            user_id,
+            thread_id,
+            forgotten,
+        )
+        return ConversationDeleted(thread_id=thread_id, forgotten=forgotten)
+
+    async def purge_thread(
+        self, owner_id: str, thread_id: str, *, forget: bool, chainlit: bool
+    ) -> int:
+        """Checkpoints and writes, queued memory job and marker, Chainlit's thread, steps and
+        elements, then (under the user's memory lock) what it taught and its owner record.
+
+        The owner record goes last: until then the thread can be found and the delete
+        retried; a memory job that is mid-way re-checks that record under the same lock.
+        """
+        await self._remember_deleted([thread_id])
+        if self.memory_jobs is not None:
+            await self.memory_jobs.forget_thread(user_id=owner_id, thread_id=thread_id)
+        await self.checkpointer.adelete_thread(thread_id)
+        if chainlit:
+            async with self.pool.connection() as conn:
+                await conn.execute('DELETE FROM "Thread" WHERE id = %s', (thread_id,))
+        memory = ScopedMemory(self.store, owner_id)
+        forgotten = 0
+        async with memory.locked():
+            if forget:
+                forgotten = await forget_thread_memories(memory, thread_id)
+            async with self.pool.connection() as conn:
+                await conn.execute(
+                    "DELETE FROM cairn_threads WHERE thread_id = %s AND owner_id = %s",
+                    (thread_id, owner_id),
+                )
+        await memory.drop_marker(thread_id)
+        await PlanMemory(self.store, owner_id).forget_thread(thread_id)
+        return forgotten
+
+    # Retention -----------------------------------------------------------------------------
+
+    async def retention_days(self, user_id: str) -> int | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT days FROM cairn_retention WHERE user_id = %s", (user_id,)
+            )
+            row = await cur.fetchone()
+        return int(row["days"]) if row and row["days"] is not None else None
+
+    async def set_retention_days(self, user_id: str, days: int | None) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_retention (user_id, days) VALUES (%s, %s) "
+                "ON CONFLICT (user_id) DO UPDATE SET days = EXCLUDED.days",
+                (user_id, days),
+            )
+
+    async def apply_retention(self) -> int:
+        """Delete every conversation inactive for longer than its owner's window."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT t.thread_id, t.owner_id FROM cairn_threads t "
+                "LEFT JOIN cairn_retention r ON r.user_id = t.owner_id "
+                "WHERE t.last_active_at < now() - make_interval(days => COALESCE(r.days, %s)) "
+                "ORDER BY t.last_active_at LIMIT 500",
+                (self.default_retention_days,),
+            )
+            expired = [(row["thread_id"], row["owner_id"]) for row in await cur.fetchall()]
+        for thread_id, owner_id in expired:
+            await self.purge_thread(owner_id, thread_id, forget=False, chainlit=True)
+            log.info("retention: deleted inactive conversation %s of %s", thread_id, owner_id)
+        return len(expired)
+
+    # The whole account ---------------------------------------------------------------------
+
+    async def wipe_account(self, user_id: str) -> WipeReport:
+        """Delete all my data: sessions ended first, then memories, every conversation with
+        its checkpoints, queued jobs, Chainlit rows, dead letters and settings; tombstones
+        last. Logged in cairn_wipes and checked at the end; safe to run again."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO cairn_wipes (user_id) VALUES (%s) RETURNING id", (user_id,)
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        report = WipeReport(wipe_id=int(row["id"]))
+        log.info("wipe %d started for user %s", report.wipe_id, user_id)
+        await self.revocations.revoke(user_id)
+        await self._step(report, "sessions_ended")
+        for _ in range(WIPE_PASSES):
+            await self._wipe_pass(user_id, report)
+            report.leftovers = await self.leftovers(user_id, report.thread_ids)
+            if report.verified:
+                break
+            log.warning("wipe %d: leftovers %s, running again", report.wipe_id, report.leftovers)
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE cairn_wipes SET step = 'done', finished_at = now(), counts = %s, "
+                "verified = %s WHERE id = %s",
+                (Jsonb(report.counts), report.verified, report.wipe_id),
+            )
+        log.info(
+            "wipe %d finished for user %s: %s (verified: %s)",
+            report.wipe_id,
+            user_id,
+            report.counts,
+            report.verified,
+        )
+        return report
+
+    async def _wipe_pass(self, user_id: str, report: WipeReport) -> None:
+        counts = report.counts
+        if self.memory_jobs is not None:
+            counts["jobs"] = counts.get("jobs", 0) + await self.memory_jobs.cancel_user(
+                user_id=user_id
+            )
+        await self._step(report, "jobs_cancelled")
+        threads = await self._thread_ids(user_id)
+        report.thread_ids.update(threads)
+        await self._remember_deleted(threads)
+        for thread_id in threads:
+            await self.checkpointer.adelete_thread(thread_id)
+        counts["conversations"] = counts.get("conversations", 0) + len(threads)
+        await self._step(report, "checkpoints_deleted")
+        memory = ScopedMemory(self.store, user_id)
+        async with memory.locked():
+            # Owner records go under the lock: a memory job that is mid-way sees them gone.
+            async with self.pool.connection() as conn:
+                await conn.execute("DELETE FROM cairn_threads WHERE owner_id = %s", (user_id,))
+            counts["memories"] = counts.get("memories", 0) + await memory.erase_locked(
+                include_tombstones=False
+            )
+        await self._step(report, "memories_deleted")
+        async with self.pool.connection() as conn:
+            # ON DELETE CASCADE takes the user's threads, steps, elements and feedback.
+            await conn.execute('DELETE FROM "User" WHERE identifier = %s', (user_id,))
+            await conn.execute("DELETE FROM memory_dead_letters WHERE user_id = %s", (user_id,))
+            await conn.execute("DELETE FROM cairn_retention WHERE user_id = %s", (user_id,))
+        await self._step(report, "conversations_deleted")
+        # No job can run for this user any more, so the forget records can go too.
+        async with memory.locked():
+            counts["tombstones"] = counts.get("tombstones", 0) + await memory.erase_locked(
+                include_tombstones=True
+            )
+        await self._step(report, "tombstones_deleted")
+
+    async def _remember_deleted(self, thread_ids: list[str]) -> None:
+        """Keep deleted ids a day (see cairn_deleted_threads); older ones are dropped here."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "DELETE FROM cairn_deleted_threads WHERE deleted_at < now() - interval '1 day'"
+            )
+            if thread_ids:
+                await conn.execute(
+                    "INSERT INTO cairn_deleted_threads (thread_id) SELECT unnest(%s::text[]) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET deleted_at = now()",
+                    (thread_ids,),
+                )
+
+    async def _thread_ids(self, user_id: str) -> list[str]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT thread_id FROM cairn_threads WHERE owner_id = %s "
+                'UNION SELECT t.id FROM "Thread" t JOIN "User" u ON u.id = t."userId" '
+                "WHERE u.identifier = %s",
+                (user_id, user_id),
+            )
+            return [row["thread_id"] for row in await cur.fetchall()]
+
+    async def leftovers(self, user_id: str, thread_ids: set[str]) -> dict[str, int]:
+        """What of the user is still stored; all zeros after a finished wipe.
+
+        A job already running is not counted: it re-checks thread ownership under the
+        user's lock before writing, and the owner records are gone.
+        """
+        memory = ScopedMemory(self.store, user_id)
+        threads = sorted(thread_ids | set(await self._thread_ids(user_id)))
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT "
+                " (SELECT count(*) FROM cairn_threads WHERE owner_id = %(u)s) AS owned,"
+                ' (SELECT count(*) FROM "User" WHERE identifier = %(u)s) AS chainlit_user,'
+                " (SELECT count(*) FROM procrastinate_jobs WHERE args->>'user_id' = %(u)s"
+                "   AND status = 'todo') AS jobs,"
+                " (SELECT count(*) FROM memory_dead_letters WHERE user_id = %(u)s) AS dead,"
+                " (SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%(t)s))"
+                " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))"
+                " + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s))"
+                " AS checkpoints",
+                {"u": user_id, "t": threads},
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        found = {key: int(value) for key, value in row.items()}
+        found["store_items"] = len(await memory.items(include_tombstones=True))
+        return found
+
+    async def _step(self, report: WipeReport, step: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE cairn_wipes SET step = %s, counts = %s WHERE id = %s",
+                (step, Jsonb(report.counts), report.wipe_id),
+            )
