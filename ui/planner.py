@@ -58,7 +58,7 @@ def goal_inputs(text: str) -> dict[str, Any]:
     return {"input": text}
 
 
-def recursion_limit(graph: Any) -> int:
+def recursion_limit() -> int:
     """Generous for the step budget and review rounds: a backstop, not the budget."""
     from graphs.core.settings import get_settings
 
@@ -193,10 +193,10 @@ async def run_planner(
     *,
     context: Context,
 ) -> TurnResult:
-    """Stream a Planner run: updates drive the task list and steps; finalize tokens stream."""
+    """Stream a Planner run: updates drive the task list and steps; the answer streams."""
     config: RunnableConfig = {
         "configurable": {"thread_id": context.thread_id},
-        "recursion_limit": recursion_limit(graph),
+        "recursion_limit": recursion_limit(),
     }
     before = await graph.aget_state(config)
     values = before.values if inputs is None or not isinstance(inputs, dict) else {}
