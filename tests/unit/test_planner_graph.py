@@ -500,3 +500,36 @@ async def test_past_plans_prefer_good_outcomes():
     assert await PlanMemory(InMemoryStore(), "bob").similar("churn") == []
     with pytest.raises(PermissionError):
         PlanMemory(InMemoryStore(), "")
+
+
+def never_finishing(steps: int, budget: int) -> ScriptedChatModel:
+    plan = [f"Count churn in segment {i}" for i in range(steps)]
+    return ScriptedChatModel(
+        [*(AIMessage(f"segment {i}: {i}") for i in range(budget)), AIMessage("partial")],
+        [Plan(steps=plan), *(Act(action=Plan(steps=plan[i + 1 :])) for i in range(budget))],
+    )
+
+
+async def test_the_recursion_limit_is_only_a_backstop_behind_the_step_budget():
+    from langgraph.errors import GraphRecursionError
+
+    from graphs.core.settings import get_settings
+    from ui.planner import recursion_limit
+
+    budget = get_settings().planner_step_budget
+    graph, _ = make(never_finishing(budget + 2, budget))
+    await start(graph, "t-backstop")
+    config = {**run_config("t-backstop"), "recursion_limit": recursion_limit()}
+    done = await graph.ainvoke(
+        Command(resume={"decision": "approve"}), config, context=ctx("t-backstop")
+    )
+    assert done["outcome"] == "partial"  # the budget ended it, not the backstop
+
+    graph, _ = make(never_finishing(budget + 2, budget))
+    await start(graph, "t-backstop-2")
+    with pytest.raises(GraphRecursionError):
+        await graph.ainvoke(
+            Command(resume={"decision": "approve"}),
+            {**run_config("t-backstop-2"), "recursion_limit": 5},
+            context=ctx("t-backstop-2"),
+        )
