@@ -50,6 +50,7 @@ MAX_INVALID_ANSWERS = 3
 """Malformed review answers before the review gives up and ends the run."""
 RECENT_STEPS_IN_FULL = 3
 OLDER_RESULT_CHARS = 600
+OLDER_TABLE_CHARS = 2000
 KEPT_OUTPUT_CHARS = 6000
 """Tool output up to this size is kept verbatim in a step's result."""
 REJECTED = "Plan rejected: nothing was run. Send a new goal whenever you like."
@@ -305,17 +306,24 @@ def step_result(messages: list[AnyMessage]) -> str:
 
 
 def render_steps(past: list[StepRecord]) -> str:
-    """Recent steps in full, older ones shortened (the state keeps them whole)."""
+    """Recent steps in full; older ones shortened, but their tables of figures kept verbatim
+    (the state keeps every result whole)."""
     lines = []
     for position, (index, step, result) in enumerate(past):
         recent = position >= len(past) - RECENT_STEPS_IN_FULL
-        shown = (
-            result
-            if recent or len(result) <= OLDER_RESULT_CHARS
-            else (result[:OLDER_RESULT_CHARS] + " …(shortened)")
-        )
-        lines.append(f"{index}. {step}\nResult:\n{shown}")
+        lines.append(f"{index}. {step}\nResult:\n{result if recent else _shortened(result)}")
     return "\n\n".join(lines)
+
+
+def _shortened(result: str) -> str:
+    if len(result) <= OLDER_RESULT_CHARS:
+        return result
+    head = result[:OLDER_RESULT_CHARS] + " …(shortened)"
+    tables = [line for line in result.splitlines() if line.startswith("|")]
+    kept = "\n".join(tables)[:OLDER_TABLE_CHARS]
+    if kept and kept not in head:
+        head += "\nFigures from this step:\n" + kept
+    return head
 
 
 def check_contiguous(past: list[StepRecord]) -> None:
@@ -348,7 +356,13 @@ def parse_review(answer: Any, *, edits_left: int) -> tuple[ReviewDecision | None
     try:
         decision = ReviewDecision.model_validate(answer)
     except ValidationError as exc:
-        log.warning("refused a malformed plan review answer: %s", exc.errors(include_input=False))
+        errors = exc.errors(include_input=False)
+        log.warning("refused a malformed plan review answer: %s", errors)
+        if any(e["loc"][:1] in (("steps",), ("feedback",)) for e in errors):
+            return None, (
+                "That edit was not accepted: send at most 12 steps of up to 500 characters "
+                "each, or up to 2000 characters of feedback."
+            )
         return None, "That answer was not understood; choose Approve, Edit or Reject."
     if decision.decision == "edit" and edits_left <= 0:
         return None, "No edits are left for this plan; approve or reject it."

@@ -378,6 +378,9 @@ def test_contiguity_check_catches_duplicated_history():
 
 def test_review_answers_are_validated():
     assert parse_review({"decision": "approve"}, edits_left=1)[0] is not None
+    too_many = parse_review({"decision": "edit", "steps": ["s"] * 13}, edits_left=1)
+    assert too_many[0] is None
+    assert "at most 12 steps" in too_many[1]
     assert parse_review({"decision": "edit", "steps": []}, edits_left=1)[0] is None
     assert parse_review({"decision": "edit", "steps": ["a"]}, edits_left=0)[0] is None
     assert parse_review({"decision": "approve", "extra": 1}, edits_left=1)[0] is None
@@ -533,3 +536,15 @@ async def test_the_recursion_limit_is_only_a_backstop_behind_the_step_budget():
             {**run_config("t-backstop-2"), "recursion_limit": 5},
             context=ctx("t-backstop-2"),
         )
+
+
+def test_older_steps_are_shortened_but_keep_their_figures():
+    from graphs.planner.graph import render_steps
+
+    long = "x" * 2000 + "\n\n" + TABLE
+    past = [(i, f"step {i}", long) for i in range(1, 6)]
+    view = render_steps(past)
+    first = view.split("2. step 2")[0]
+    assert "…(shortened)" in first
+    assert "| EMEA | 5 |" in first  # the figures survive the shortening
+    assert view.count("x" * 2000) == 3  # the three most recent steps are in full
