@@ -366,7 +366,7 @@ async def _resume_paused(
         (str(m.text) for m in reversed(result.get("messages", [])) if isinstance(m, AIMessage)),
         "",
     )
-    await _add_reply_to_conversation(thread_id, reply)
+    await _add_reply_to_conversation(runtime, thread_id, reply)
     wanted = normalise_fact(str(asked.get("content", "")))
     stored = any(
         normalise_fact(m.content) == wanted for m in await _memory(runtime, user_id).all_memories()
@@ -374,27 +374,22 @@ async def _resume_paused(
     return {"stored": stored, "reply": reply}
 
 
-async def _add_reply_to_conversation(thread_id: str, text: str) -> None:
-    """The resumed run's answer also appears in the conversation when it is reopened."""
-    from chainlit.data import get_data_layer
+async def _add_reply_to_conversation(runtime: AppRuntime, thread_id: str, text: str) -> None:
+    """The resumed run's answer also appears in the conversation when it is reopened.
 
-    data_layer = get_data_layer()
-    if data_layer is None or not text:
+    Written to Chainlit's step table directly: its data layer only records steps inside a
+    live chat session, and this answer came from the page.
+    """
+    if not text:
         return
-    now = datetime.now(UTC).isoformat()
-    await data_layer.create_step(
-        {
-            "id": str(uuid.uuid4()),
-            "threadId": thread_id,
-            "name": "Cairn",
-            "type": "assistant_message",
-            "output": text,
-            "metadata": {},
-            "createdAt": now,
-            "start": now,
-            "end": now,
-        }  # type: ignore[typeddict-item]
-    )
+    async with runtime.pool.connection() as conn:
+        await conn.execute(
+            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+            '"endTime", "showInput", "isError") '
+            "SELECT %s, id, 'Cairn', 'assistant_message', %s, '{}', now(), now(), 'json', false "
+            'FROM "Thread" WHERE id = %s',
+            (str(uuid.uuid4()), text, thread_id),
+        )
 
 
 async def _disconnect_sockets(user_id: str) -> None:

@@ -52,6 +52,7 @@ def first_person_to_user(text: str) -> str:
             return phrase.format(*match.groups())
     text = re.sub(r"^(i am|i'm)\b", "User is", text.strip(), flags=re.I)
     text = re.sub(r"^my\b", "User's", text, flags=re.I)
+    text = re.sub(r"^(i have|i've)\b", "User has", text, flags=re.I)
     text = re.sub(r"^i\b", "User", text, flags=re.I)
     return text if text.lower().startswith("user") else f"User: {text}"
 

@@ -108,7 +108,7 @@ def test_sensitive_fact_waits_for_confirmation_buttons(app_server, browser):
     expect(page.get_by_text("Should I store it?")).to_be_visible()
     assert not any("asthma" in m for m in stored_memories(app_server.database_url))
     page.get_by_role("button", name="Remember it").click()
-    expect(page.get_by_text("Saved: User have asthma")).to_be_visible()
+    expect(page.get_by_text("Saved: User has asthma")).to_be_visible()
     assert any("asthma" in m for m in stored_memories(app_server.database_url))
 
     send(page, "remember that I take insulin medication")
@@ -132,6 +132,6 @@ def test_pending_confirmation_survives_a_server_restart(app_server, browser):
     page = login(browser, app_server, "alice")
     page.goto(thread_url)
     page.get_by_role("button", name="Remember it").last.click()
-    expect(page.get_by_text("Saved: User have a migraine condition")).to_be_visible()
+    expect(page.get_by_text("Saved: User has a migraine condition")).to_be_visible()
     assert any("migraine" in m for m in stored_memories(app_server.database_url))
     page.context.close()

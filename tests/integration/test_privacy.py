@@ -430,3 +430,24 @@ async def test_manual_edits_are_checked_and_suggestions_need_an_answer(db: Persi
     assert any(t.fact == "is catholic" for t in await memory.tombstones())
     with pytest.raises(MemoryNotFound):
         await answer_suggestion(memory, "fact_b", accept=True)
+
+
+async def test_retention_runs_as_a_periodic_job_on_the_queue(db: Persistence) -> None:
+    ran: list[float] = []
+
+    async def sweep() -> int:
+        ran.append(asyncio.get_running_loop().time())
+        return 0
+
+    async def load(thread_id: str) -> list[BaseMessage]:
+        return []
+
+    async with memory_jobs_running(db, load_messages=load, worker=False) as jobs:
+        # Every second (6-field cron); the app uses CAIRN_RETENTION_CRON, hourly by default.
+        jobs.add_periodic("retention", cron="* * * * * *", run=sweep)
+        jobs.start_worker()
+        await eventually(lambda: _ran(ran), timeout=20, what="the periodic retention job")
+
+
+async def _ran(ran: list[float]) -> bool:
+    return bool(ran)
