@@ -6,10 +6,17 @@ import hashlib
 import re
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, ToolCall
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+)
 from langchain_core.messages.tool import tool_call
 
-from graphs.core.offline import OfflineChatModel
+from graphs.core.offline import REPLY_PREFIX, OfflineChatModel
 from graphs.planner.sql import markdown_tables
 from graphs.planner.state import Act, Plan, Response
 
@@ -100,8 +107,23 @@ def reply_text(messages: list[BaseMessage]) -> str | None:
     return f"No query matched this step, so it produced no data: {_last_human(messages)[:160]}"
 
 
+class OfflinePlannerModel(OfflineChatModel):
+    """After a tool call, a one-line step summary instead of echoing the raw tool output: the
+    executor keeps the output itself verbatim in the step's result."""
+
+    def _reply(self, messages: list[BaseMessage]) -> AIMessage:
+        last = messages[-1] if messages else None
+        if not isinstance(last, ToolMessage):
+            return super()._reply(messages)
+        name = last.name or "the tool"
+        output = re.sub(r"</?tool_output[^>]*>", "", str(last.text)).strip()
+        if output.startswith("ERROR:"):
+            return AIMessage(f"{REPLY_PREFIX}{name} failed: {output.splitlines()[0]}")
+        return AIMessage(f"{REPLY_PREFIX}{name} returned the data below.")
+
+
 def offline_planner() -> OfflineChatModel:
-    return OfflineChatModel(
+    return OfflinePlannerModel(
         structured_responder=structured_answer, tool_router=route_tools, text_responder=reply_text
     )
 

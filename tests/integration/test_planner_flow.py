@@ -46,6 +46,7 @@ async def test_a_churn_question_gets_a_plan_real_queries_and_an_answer(planner, 
     results = [r[2] for r in done["past_steps"]]
     assert "analytics_demo.churn_events" in results[0]  # list_tables ran as the analyst role
     assert "lost_mrr" in results[1]  # describe_table
+    assert results[2].startswith("(offline model) sql_query returned the data below.")
     table = markdown_tables(results[2])[0]
     assert table.columns == ["region", "churned_customers", "lost_mrr"]
     assert table.numeric_by_category() is not None
