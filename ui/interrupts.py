@@ -9,12 +9,14 @@ from typing import Any, Literal
 import chainlit as cl
 from pydantic import BaseModel, ConfigDict
 
-from ui.planner import show_plan_review
-
 log = logging.getLogger("cairn")
 
 RESUME_ACTION = "resume"
 _shown_later: set[asyncio.Task[None]] = set()
+MAX_TRACKED_PROMPTS = 1000
+_prompts: dict[str, cl.Message] = {}
+"""The live question message of each pending interrupt (ids are unique across threads), in
+this worker; kept outside the user session, which Chainlit replaces on every resume."""
 
 
 class ResumePayload(BaseModel):
@@ -42,6 +44,8 @@ async def show_interrupt(interrupt: Any, *, thread_id: str) -> None:
     """Render a pending interrupt as a question with buttons (again after a restart too)."""
     value = interrupt.value if isinstance(interrupt.value, dict) else {}
     if value.get("kind") == "review_plan":
+        from ui.planner import show_plan_review
+
         await show_plan_review(interrupt, thread_id=thread_id)
         return
     if value.get("kind") == "confirm_memory":
@@ -58,17 +62,28 @@ async def show_interrupt(interrupt: Any, *, thread_id: str) -> None:
         content=text, author="Cairn", actions=_buttons(thread_id, interrupt.id, labels)
     )
     await message.send()
-    # A new dict: the one in the session may be shared with the thread's metadata on resume,
-    # and a Message in there breaks Chainlit's resume_thread event (not JSON).
-    prompts = {**(cl.user_session.get("interrupt_prompts") or {}), interrupt.id: message}
-    cl.user_session.set("interrupt_prompts", prompts)
+    await remember_prompt(interrupt.id, message)
+
+
+async def remember_prompt(interrupt_id: str, message: cl.Message) -> None:
+    """Keep the message whose buttons answer interrupt_id, so they can be cleared once used.
+
+    A question shown again (the browser may resume a thread twice, and Chainlit replaces the
+    user session on each resume) replaces its earlier copy instead of leaving two sets of
+    live buttons.
+    """
+    previous = _prompts.pop(interrupt_id, None)
+    if previous is not None and previous.id != message.id:
+        await previous.remove()
+    _prompts[interrupt_id] = message
+    while len(_prompts) > MAX_TRACKED_PROMPTS:
+        _prompts.pop(next(iter(_prompts)))
 
 
 async def clear_prompt(interrupt_id: str) -> None:
-    prompts: dict[str, cl.Message] = dict(cl.user_session.get("interrupt_prompts") or {})
-    message = prompts.pop(interrupt_id, None)
-    cl.user_session.set("interrupt_prompts", prompts)
-    if isinstance(message, cl.Message):
+    """Take the buttons off an answered question. Callers have checked that the session's
+    user owns the thread and that interrupt_id is pending on it."""
+    if (message := _prompts.pop(interrupt_id, None)) is not None:
         await message.remove_actions()
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from graphs.planner.sql import Table, markdown_tables
 from graphs.planner.state import step_parts
+from ui.interrupts import remember_prompt
 from ui.streaming import TurnResult
 
 if TYPE_CHECKING:
@@ -77,10 +78,7 @@ async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
         content=review_text(value), author="Planner", actions=_buttons(thread_id, interrupt.id)
     )
     await message.send()
-    # A new dict: the one in the session may be shared with the thread's metadata on resume,
-    # and a Message in there breaks Chainlit's resume_thread event (not JSON).
-    prompts = {**(cl.user_session.get("interrupt_prompts") or {}), interrupt.id: message}
-    cl.user_session.set("interrupt_prompts", prompts)
+    await remember_prompt(interrupt.id, message)
 
 
 def review_text(value: dict[str, Any]) -> str:
