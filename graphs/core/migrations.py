@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphs.tools.fetchlog import FETCH_LOG_DDL
+
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
@@ -102,6 +104,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX IF NOT EXISTS "Feedback_stepId_idx" ON "Feedback" ("stepId");
         """,
     ),
+    # The research fetch log: what fetch_url fetched, per thread (graphs/tools/fetchlog.py).
+    ("0004_research_fetch_log", FETCH_LOG_DDL),
 ]
 
 
