@@ -50,7 +50,7 @@ _TRANSLATE = str.maketrans(
     }
 )
 
-PASS = "ok"
+VERIFIED = "ok"
 NEVER_FETCHED = "the URL was never fetched in this thread"
 QUOTE_NOT_FOUND = "the quoted excerpt is not in the fetched page"
 QUOTE_TOO_SHORT = f"the quoted excerpt is shorter than {MIN_QUOTE_CHARS} characters"
@@ -88,7 +88,7 @@ class Claim:
     def reason(self) -> str:
         if not self.citations:
             return UNCITED
-        return next((c.reason for c in self.citations if not c.passed), PASS)
+        return next((c.reason for c in self.citations if not c.passed), VERIFIED)
 
     @property
     def plain(self) -> str:
@@ -147,7 +147,7 @@ def _check(
         return Citation(quote, url, False, NEVER_FETCHED)
     for record in fetched:
         if wanted in pages[id(record)]:
-            return Citation(quote, url, True, PASS, fetch_log_id=record.id)
+            return Citation(quote, url, True, VERIFIED, fetch_log_id=record.id)
     return Citation(quote, url, False, QUOTE_NOT_FOUND)
 
 
