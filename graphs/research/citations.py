@@ -179,9 +179,34 @@ class Removal:
     """Each removed claim, in plain text with the reason, for the user (outside the report)."""
 
 
-def remove_failing(report: str, result: CheckResult) -> Removal:
-    """Drop every failing claim's line; the rest of the report is kept as written."""
-    failing = {c.line: c for c in result.failing}
-    kept = [line for i, line in enumerate(report.splitlines()) if i not in failing]
+def remove_failing(
+    report: str, result: CheckResult, *, flagged: dict[int, str] | None = None
+) -> Removal:
+    """Drop every failing claim's line (and `flagged` lines: line -> reason); keep the rest as written."""
+    reasons = {c.line: (c, c.reason) for c in result.failing}
+    for claim in result.claims:
+        if flagged and claim.line in flagged and claim.line not in reasons:
+            reasons[claim.line] = (claim, flagged[claim.line])
+    kept = drop_empty_sections([ln for i, ln in enumerate(report.splitlines()) if i not in reasons])
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip() + "\n"
-    return Removal(text, [f"{c.plain} — {c.reason}" for c in failing.values()])
+    removed = [f"{claim.plain} — {reason}" for _, (claim, reason) in sorted(reasons.items())]
+    return Removal(text, removed)
+
+
+def drop_empty_sections(lines: list[str]) -> list[str]:
+    """Headings left with nothing under them (before the next heading of their level) go too."""
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        heading = re.match(r"^\s{0,3}(#{2,6})\s", line)
+        if heading:
+            level = len(heading[1])
+            body = []
+            for later in lines[i + 1 :]:
+                nxt = re.match(r"^\s{0,3}(#{1,6})\s", later)
+                if nxt and len(nxt[1]) <= level:
+                    break
+                body.append(later)
+            if not any(b.strip() and not _HEADING.match(b) for b in body):
+                continue
+        out.append(line)
+    return out
