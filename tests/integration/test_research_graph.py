@@ -122,7 +122,8 @@ async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persist
 
     # Round 0 found the fabricated claim; it became a todo; at the cap it was removed.
     first, second = final["verifications"]
-    assert first["failing_claims"] and "trillion" in first["failing_claims"][0]
+    assert first["failing_claims"]
+    assert "trillion" in first["failing_claims"][0]
     assert any(
         t["content"].startswith("Re-research or remove:") and "trillion" in t["content"]
         for t in final["todos"]
