@@ -141,6 +141,7 @@ async def delete_thread_data(thread_id: str) -> None:
             "DELETE FROM cairn_threads WHERE thread_id = %s RETURNING owner_id", (thread_id,)
         )
         row = await cur.fetchone()
+        await conn.execute("DELETE FROM research_fetch_log WHERE thread_id = %s", (thread_id,))
     if runtime.persistence is not None:
         await runtime.persistence.checkpointer.adelete_thread(thread_id)
     if row is not None and runtime.memory_jobs is not None:
