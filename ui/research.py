@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import chainlit as cl
+from chainlit.auth import get_current_user
+from fastapi import APIRouter, Depends, HTTPException
+from fastapi.responses import PlainTextResponse
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphs.research.graph import MAX_TODOS, PlanDecision, slug
+from graphs.tools.search import LocalCorpus
 from ui.streaming import TurnResult
 
 if TYPE_CHECKING:
@@ -21,6 +25,7 @@ if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
 
     from graphs.core.context import Context
+    from graphs.core.settings import Settings
 
 log = logging.getLogger("cairn.research")
 
@@ -199,6 +204,7 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
         )
         await message.send()
         return message
+    report = served_links(report, _public_url())
     message = cl.Message(content="")
     for chunk in re.findall(r"\S+\s*|\s+", report):
         await message.stream_token(chunk)
@@ -290,3 +296,35 @@ async def review_plan_action(action: cl.Action) -> None:
             return
     await clear_prompt(payload.interrupt_id)
     await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+
+
+CORPUS_LINK = re.compile(r"\]\(corpus://([a-z0-9_-]+)/([A-Za-z0-9._-]+)\)")
+CORPUS_ROUTE = "/research/corpus"
+CurrentUser = Annotated[Any, Depends(get_current_user)]
+
+
+def served_links(report: str, base_url: str) -> str:
+    """The user's copy of a checked report: corpus:// sources as links to where the app serves them."""
+    return CORPUS_LINK.sub(lambda m: f"]({base_url}{CORPUS_ROUTE}/{m[1]}/{m[2]})", report)
+
+
+def _public_url() -> str:
+    from ui.runtime import get_runtime
+
+    return get_runtime().public_url
+
+
+def corpus_router(settings: Settings) -> APIRouter:
+    """Signed-in users can open the local corpus documents that research reports cite."""
+    corpus = LocalCorpus(settings.research_corpus_dir)
+    router = APIRouter()
+
+    @router.get(f"{CORPUS_ROUTE}/{{name}}/{{filename}}", response_class=PlainTextResponse)
+    async def corpus_document(name: str, filename: str, user: CurrentUser) -> PlainTextResponse:
+        try:
+            _title, text = await corpus.open(f"corpus://{name}/{filename}")
+        except LookupError:
+            raise HTTPException(status_code=404, detail="No such document") from None
+        return PlainTextResponse(text)
+
+    return router

@@ -26,6 +26,7 @@ from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
+from ui.research import corpus_router
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -99,6 +100,7 @@ def prepare(app: FastAPI) -> AppRuntime:
             allow_signup=settings.local_signup,
         )
         mount_before_catch_all(app, router)
+    mount_before_catch_all(app, corpus_router(settings))
     _runtime = AppRuntime(settings=settings, pool=pool, public_url=public_url, accounts=accounts)
     return _runtime
 
