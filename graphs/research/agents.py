@@ -122,6 +122,20 @@ def build_researcher(
     }
 
 
+def disabled_general_purpose() -> CompiledSubAgent:
+    """Replaces deepagents' default general-purpose subagent, which would get the orchestrator's
+    file tools without the researcher's budgets: Research delegates to `researcher` only."""
+
+    async def refuse(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [AIMessage("Not available in Research: use the researcher subagent.")]}
+
+    return {
+        "name": "general-purpose",
+        "description": "Not available in Research. Use the researcher subagent.",
+        "runnable": RunnableLambda(refuse, name="general-purpose"),
+    }
+
+
 def build_orchestrator(
     model: BaseChatModel, researcher: CompiledSubAgent
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
@@ -130,7 +144,7 @@ def build_orchestrator(
         model,
         tools=[],
         system_prompt=ORCHESTRATOR_PROMPT,
-        subagents=[researcher],
+        subagents=[researcher, disabled_general_purpose()],
         backend=orchestrator_backend(),
         state_schema=OrchestratorState,
         context_schema=Context,

@@ -28,7 +28,6 @@ REPORT_PATH = "/final_report.md"
 NOTES_DIR = "/notes/"
 MEMORIES_DIR = "/memories/"
 NOTE_PATH = re.compile(r"^/notes/[a-z0-9][a-z0-9_-]{0,63}\.md$")
-MEMORY_PATH = re.compile(r"^/memories/[a-z0-9][a-z0-9_-]{0,63}\.md$")
 MAX_NOTE_CHARS = 20_000
 MAX_REPORT_CHARS = 60_000
 MAX_MEMORY_CHARS = 1_000
@@ -43,8 +42,10 @@ class PathRefused(PermissionError):
 
 def research_memory_namespace(runtime: Runtime[Any] | None) -> tuple[str, ...]:
     """`(user_id, "research", "memories")` from the run's verified context, never from arguments."""
-    context = getattr(runtime, "context", None)
-    user_id = getattr(context, "user_id", None)
+    return memory_namespace_for(getattr(getattr(runtime, "context", None), "user_id", None))
+
+
+def memory_namespace_for(user_id: object) -> tuple[str, ...]:
     if not isinstance(user_id, str) or not user_id.strip():
         msg = "research memories need the verified user's id"
         raise MissingIdentity(msg)
@@ -92,12 +93,11 @@ def check_write(path: str, content: str, role: Role) -> str:
         if path == REPORT_PATH:
             _cap(content, MAX_REPORT_CHARS, path)
             return path
-        if MEMORY_PATH.match(path):
-            _cap(content, MAX_MEMORY_CHARS, path)
-            if (problem := memory_problem(content)) is not None:
-                msg = f"refused: not saved to memory because {problem}"
-                raise PathRefused(msg)
-            return path
+        if path.startswith(MEMORIES_DIR):
+            # Learnings are recorded by code after the report passed the check
+            # (graphs/research/memories.py), from evidence, never from a model's say-so.
+            msg = "refused: research memories are recorded by Cairn after the report is checked"
+            raise PathRefused(msg)
         msg = f"refused: the orchestrator writes only final_report.md and memories/, not {path}"
         raise PathRefused(msg)
     msg = "refused: the critic has read-only access"
@@ -118,8 +118,9 @@ def memory_problem(content: str) -> str | None:
         return "it contains raw page text"
     if detect_secret(content) is not None:
         return "it looks like it contains a secret"
-    if _CONTACT.search(content):
-        return "it contains personal contact details"
+    for match in _CONTACT.finditer(content):
+        if "@" in match[0] or sum(ch.isdigit() for ch in match[0]) >= 9:
+            return "it contains personal contact details"
     for line in content.splitlines():
         if len(line) > MAX_MEMORY_LINE_CHARS:
             return "a line is long enough to be copied page text"

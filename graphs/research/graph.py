@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphs.core.context import Context
 from graphs.core.settings import Settings, get_settings
+from graphs.memory.scoped import ScopedMemory
 from graphs.research.agents import SubagentSlots, build_orchestrator, build_researcher, usage_of
 from graphs.research.citations import check_report, normalise_text, remove_failing
 from graphs.research.files import REPORT_PATH
+from graphs.research.memories import ResearchMemory
 from graphs.research.metrics import run_metrics
 from graphs.research.prompts import CRITIC_PROMPT, PLANNER_PROMPT
 from graphs.research.state import State, Todo
@@ -275,6 +277,7 @@ def build_graph(
             msg = "a report with a failing citation would have been delivered"
             raise AssertionError(msg)
         final = removal.report if check_report(removal.report, records).claims else ""
+        await remember_sources(result, runtime)
         metrics = run_metrics(state, removed=len(removal.not_verified))
         reply = final or "I could not verify any claim for this question, so there is no report."
         messages: list[Any] = [AIMessage(reply)]
@@ -303,6 +306,16 @@ def build_graph(
     builder.add_edge("reopen_claims", "research")
     builder.add_edge("finalize", END)
     return builder.compile(checkpointer=checkpointer, store=store, name="research")
+
+
+async def remember_sources(result: Any, runtime: Runtime[Context]) -> None:
+    """After the check: how each source's quotes held up, for this user's later research."""
+    context = runtime.context
+    if runtime.store is None or context is None or not context.memory:
+        return
+    if not (await ScopedMemory(runtime.store, context.user_id).settings()).enabled:
+        return
+    await ResearchMemory(runtime.store, context.user_id).record_check(result)
 
 
 def plan_from(reply: Any, question: str) -> list[Todo]:

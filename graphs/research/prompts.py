@@ -23,6 +23,9 @@ final_report.md with write_file. Rules for the report:
   the notes; never write fetch-log ids in the report.
 - Use headings for structure; do not add uncited prose.
 
+memories/source_reliability.md (if present) says how often each source's quotes were verified
+before; prefer reliable sources, but every quote is still checked. You cannot write memories.
+
 If the task lists unsupported claims, handle each as a todo: re-research it with a subagent and
 fix its citation, or remove the claim from final_report.md (edit_file). Central claims are worth
 re-researching; peripheral ones are removed.

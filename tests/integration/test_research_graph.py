@@ -145,6 +145,15 @@ async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persist
     assert final["files"]["/final_report.md"]["content"] == report
     assert final["messages"][-1].text.startswith("Not verified")
 
+    # After the check, code (not a model) recorded how the sources' quotes held up.
+    [memory] = await persistence.store.asearch(("alice", "research", "memories"))
+    assert memory.key == "/source_reliability.md"
+    counts = re.search(
+        r"^- corpus://sample: (\d+)/(\d+) quoted excerpts verified", memory.value["content"], re.M
+    )
+    assert counts is not None
+    assert int(counts[1]) == int(counts[2]) - 1  # every quote but the fabricated one held up
+
     metrics = final["metrics"]
     assert metrics["claims_removed"] == 1
     assert metrics["critique_rounds"] == 1
@@ -240,8 +249,11 @@ async def test_an_injected_page_changes_no_memory_and_no_tool_set(persistence, t
     ]
     assert {m.tool_call_id for m in results} == {"inj1", "inj2", "inj3"}
     assert all(re.search(r"refused|not allowed|permission", m.text, re.I) for m in results)
-    # No memory was written for anyone; the report is the orchestrator's, not "pwned".
-    assert await persistence.store.asearch(("alice", "research", "memories")) == []
+    # The only research memory is the one code wrote from the check's evidence; nothing injected.
+    memories = await persistence.store.asearch(("alice", "research", "memories"))
+    assert [m.key for m in memories] == ["/source_reliability.md"]
+    assert "evil" not in memories[0].value["content"]
+    assert "trusted" not in memories[0].value["content"]
     assert "pwned" not in final["report"]
     assert "evil.example" not in final["report"]
     # The subagent's tools stayed the narrow set.

@@ -49,10 +49,9 @@ def test_notes_paths_are_normalised_and_capped():
         check_write("/notes/bees.md", "x" * (MAX_NOTE_CHARS + 1), "researcher")
 
 
-def test_the_orchestrator_writes_the_report_and_validated_memories_only():
+def test_the_orchestrator_writes_the_report_only_and_no_model_writes_memories():
     assert check_write("final_report.md", "# R", "orchestrator") == "/final_report.md"
-    assert check_write("/memories/sources.md", "- corpus sources verified well", "orchestrator")
-    for path in ("/notes/x.md", "/other.md", "/memories/../final_report.md"):
+    for path in ("/notes/x.md", "/other.md", "/memories/../final_report.md", "/memories/a.md"):
         with pytest.raises(PathRefused):
             check_write(path, "x", "orchestrator")
     with pytest.raises(PathRefused):
@@ -68,10 +67,11 @@ def test_the_orchestrator_writes_the_report_and_validated_memories_only():
         ("x" * 300, "copied page text"),
     ],
 )
-def test_memory_writes_are_validated(content, problem):
+def test_memory_content_is_validated(content, problem):
     assert problem in (memory_problem(content) or "")
-    with pytest.raises(PathRefused):
-        check_write("/memories/notes.md", content, "orchestrator")
+    assert (
+        memory_problem("- corpus://sample: 4/4 quoted excerpts verified (last 2026-11-30)") is None
+    )
 
 
 def test_only_the_orchestrator_reads_memories():
