@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     """Research subagents running at once, per thread and per user."""
     research_subagent_tool_calls: int = Field(default=12, ge=1, le=100)
     """Tool calls one research subagent may make."""
+    research_subagent_tokens: int = Field(default=120_000, ge=1_000)
+    """Tokens one research subagent may use (as the model server reports them)."""
     research_subagent_timeout_s: float = Field(default=180.0, gt=0)
 
     @field_validator("openai_api_key", mode="before")

@@ -11,7 +11,12 @@ from deepagents import create_deep_agent
 from deepagents.middleware.filesystem import FilesystemMiddleware
 from deepagents.middleware.subagents import CompiledSubAgent
 from langchain.agents import create_agent
-from langchain.agents.middleware import ModelCallLimitMiddleware, ToolCallLimitMiddleware
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ModelCallLimitMiddleware,
+    ToolCallLimitMiddleware,
+)
+from langchain.agents.middleware.types import hook_config
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.runtime import get_runtime
@@ -48,6 +53,25 @@ class SubagentSlots:
             yield
 
 
+class TokenBudget(AgentMiddleware[Any, Any, Any]):
+    """Stops a subagent before a model call once its run has used `max_tokens` tokens."""
+
+    def __init__(self, max_tokens: int) -> None:
+        super().__init__()
+        self.max_tokens = max_tokens
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        used = usage_of(RESEARCHER, list(state.get("messages") or []))["tokens"]
+        if used < self.max_tokens:
+            return None
+        text = (
+            f"Token budget reached ({used} of {self.max_tokens}). Stopping here; "
+            "whatever is not in the notes is a gap."
+        )
+        return {"jump_to": "end", "messages": [AIMessage(text)]}
+
+
 def usage_of(agent: str, messages: list[Any]) -> Usage:
     tool_calls = sum(isinstance(m, ToolMessage) for m in messages)
     tokens = sum(
@@ -74,11 +98,10 @@ def build_researcher(
         ToolCallLimitMiddleware(
             run_limit=settings.research_subagent_tool_calls, exit_behavior="end"
         ),
-        # The token budget is enforced as a cap on model calls (each one bounded by the
-        # model's max output); tokens actually used are recorded in the run's metrics.
         ModelCallLimitMiddleware(
             run_limit=settings.research_subagent_tool_calls + 2, exit_behavior="end"
         ),
+        TokenBudget(settings.research_subagent_tokens),
     ]
     agent: Any = create_agent(
         model,
@@ -98,7 +121,7 @@ def build_researcher(
                 async with asyncio.timeout(timeout_s):
                     result = await agent.ainvoke(state, config, context=context)
             except TimeoutError:
-                text = f"The research subagent stopped at its {timeout_s:.0f}s limit; record this topic as a gap."
+                text = f"The research subagent stopped at its {timeout_s:g}s limit; record this topic as a gap."
                 return {
                     "messages": [AIMessage(text)],
                     "usage": [{"agent": RESEARCHER, "tool_calls": 0, "tokens": 0}],

@@ -141,7 +141,7 @@ def build_graph(
         SubagentSlots(settings.research_max_subagents),
     )
     orchestrator = build_orchestrator(models.orchestrator, researcher)
-    planner = models.planner.bind_tools([write_todos])
+    planner = models.planner.bind_tools([write_todos], tool_choice="write_todos")
     critic = models.critic.with_structured_output(Critique)
     max_rounds = settings.research_critique_rounds
 
