@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphs.research.graph import MAX_TODOS, PlanDecision, slug
 from graphs.tools.search import LocalCorpus
+from ui.report_pdf import report_pdf
 from ui.streaming import TurnResult
 
 if TYPE_CHECKING:
@@ -208,10 +209,19 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
     message = cl.Message(content="")
     for chunk in re.findall(r"\S+\s*|\s+", report):
         await message.stream_token(chunk)
-    attachment: Any = cl.File(
-        name="final_report.md", content=report.encode(), mime="text/markdown", display="inline"
-    )
-    message.elements = [attachment]
+    title = next((ln.lstrip("# ") for ln in report.splitlines() if ln.startswith("# ")), "")
+    attachments: list[Any] = [
+        cl.File(
+            name="final_report.md", content=report.encode(), mime="text/markdown", display="inline"
+        ),
+        cl.File(
+            name="final_report.pdf",
+            content=report_pdf(report, title=title or "Research report"),
+            mime="application/pdf",
+            display="inline",
+        ),
+    ]
+    message.elements = attachments
     await message.send()
     if not_verified := values.get("not_verified"):
         listing = "\n".join(f"- {item}" for item in not_verified)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,13 @@ MAX_MODEL_CHARS = 6_000
 TIMEOUT_S = 15.0
 """Whole fetch, all hops included."""
 CACHE_TTL_S = 300.0
-TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown")
+TEXT_TYPES = (
+    "text/html",
+    "application/xhtml+xml",
+    "text/plain",
+    "text/markdown",
+    "application/pdf",
+)
 
 Opener = Callable[[str], Awaitable[tuple[str, str]]]
 """A URL scheme served by a provider (e.g. the local corpus): `url -> (title, text)`."""
@@ -197,6 +204,8 @@ def extract_text(body: bytes, content_type: str) -> tuple[str, str]:
     if mime not in TEXT_TYPES:
         msg = f"unsupported content type {mime!r}"
         raise FetchError(msg)
+    if mime == "application/pdf":
+        return pdf_text(body)
     charset = "utf-8"
     if "charset=" in content_type:
         charset = content_type.split("charset=", 1)[1].split(";")[0].strip() or "utf-8"
@@ -204,6 +213,22 @@ def extract_text(body: bytes, content_type: str) -> tuple[str, str]:
     if mime in ("text/html", "application/xhtml+xml"):
         return _html_text(text)
     return _first_line_title(text), text
+
+
+def pdf_text(body: bytes) -> tuple[str, str]:
+    """(title, text) of a PDF, page by page; a broken PDF is a fetch error, not an empty page."""
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(body))
+        pages = [page.extract_text() or "" for page in reader.pages]
+        title = str((reader.metadata or {}).get("/Title") or "")
+    except (PdfReadError, ValueError, KeyError) as exc:
+        msg = f"unreadable PDF ({type(exc).__name__})"
+        raise FetchError(msg) from None
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    return title or _first_line_title(text), text
 
 
 def _html_text(html: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.search")
 
 CORPUS_SCHEME = "corpus"
-CORPUS_SUFFIXES = (".md", ".txt", ".html", ".htm")
+CORPUS_SUFFIXES = (".md", ".txt", ".html", ".htm", ".pdf")
 CORPUS_NAMESPACE = "research_corpus"
 """Store namespace root of corpus indexes: shared, app-owned documents, never user data."""
 _WORD = re.compile(r"[a-z0-9]+")
@@ -68,6 +68,9 @@ _STOP = frozenset(
         "does",
         "do",
         "did",
+        "there",
+        "many",
+        "much",
     ]
 )
 
@@ -159,7 +162,9 @@ class LocalCorpus:
         df = Counter(w for d in self._docs.values() for w in _terms(d.text) & words)
         scored = []
         for doc in self._docs.values():
-            counts = Counter(_WORD.findall(f"{doc.title} {doc.text}".lower()))
+            counts = Counter(
+                t for w in _WORD.findall(f"{doc.title} {doc.text}".lower()) for t in _terms(w)
+            )
             score = sum(
                 (1 + math.log(counts[w])) * math.log(1 + n / df[w]) for w in words if counts[w]
             )
@@ -170,15 +175,18 @@ class LocalCorpus:
 
 
 def _terms(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 2}
+    """Content words, crudely stemmed so "bee" meets "bees" and "open" meets "opened"."""
+    words = (w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 2)
+    return {re.sub(r"(?:ing|ed|es|s)$", "", w) if len(w) > 4 else w.rstrip("s") for w in words}
 
 
 def _snippet(text: str, query: str, width: int = 240) -> str:
     words = _terms(query)
-    for sentence in re.split(r"(?<=[.!?])\s+", " ".join(text.split())):
+    body = " ".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    for sentence in re.split(r"(?<=[.!?])\s+", " ".join(body.split())):
         if words & _terms(sentence):
             return sentence[:width]
-    return " ".join(text.split())[:width]
+    return " ".join(body.split())[:width]
 
 
 def _load(folder: Path, name: str) -> list[CorpusDocument]:
@@ -186,17 +194,24 @@ def _load(folder: Path, name: str) -> list[CorpusDocument]:
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if path.suffix.lower() not in CORPUS_SUFFIXES or not path.is_file():
             continue
+        from graphs.tools.fetch import extract_text
+
+        if path.suffix.lower() == ".pdf":
+            title, text = extract_text(path.read_bytes(), "application/pdf")
+            docs.append(CorpusDocument(path.stem, title or path.stem, text, _url(name, path)))
+            continue
         raw = path.read_text(encoding="utf-8")
         if path.suffix.lower() in (".html", ".htm"):
-            from graphs.tools.fetch import extract_text
-
             title, text = extract_text(raw.encode(), "text/html; charset=utf-8")
         else:
             text = raw
             title = next((ln.lstrip("# ").strip() for ln in raw.splitlines() if ln.strip()), "")
-        url = f"{CORPUS_SCHEME}://{name}/{path.name}"
-        docs.append(CorpusDocument(path.stem, title or path.stem, text, url))
+        docs.append(CorpusDocument(path.stem, title or path.stem, text, _url(name, path)))
     return docs
+
+
+def _url(name: str, path: Path) -> str:
+    return f"{CORPUS_SCHEME}://{name}/{path.name}"
 
 
 class TavilySearch:

@@ -46,6 +46,15 @@ class Recorder:
             return httpx.Response(302, headers={"location": "file:///etc/passwd"})
         if path == "/loop":
             return httpx.Response(302, headers={"location": "/loop"})
+        if path == "/paper.pdf":
+            body = (SAMPLE_CORPUS_DIR / "wild-bees.pdf").read_bytes()
+            return httpx.Response(200, content=body, headers={"content-type": "application/pdf"})
+        if path == "/broken.pdf":
+            return httpx.Response(
+                200, content=b"%PDF-1.4 garbage", headers={"content-type": "application/pdf"}
+            )
+        if path == "/binary":
+            return httpx.Response(200, content=b"\x00\x01", headers={"content-type": "image/png"})
         if path == "/big":
             return httpx.Response(200, text="x " * 10_000, headers={"content-type": "text/plain"})
         html = (
@@ -162,3 +171,13 @@ async def test_corpus_documents_are_served_by_the_provider_and_logged(fetcher):
     assert "26 February 2008" in record.content
     with pytest.raises(FetchError):
         await fetcher.fetch("corpus://sample/../../etc/passwd", thread_id="t-c")
+
+
+async def test_pdfs_are_read_as_text_and_other_types_refused(fetcher):
+    record = await fetcher.fetch("https://public.example/paper.pdf", thread_id="t-pdf")
+    assert record.title == "Wild bees beyond the honeybee"
+    assert "20,000 known species of bees" in record.content
+    with pytest.raises(FetchError, match="PDF"):
+        await fetcher.fetch("https://public.example/broken.pdf", thread_id="t-pdf")
+    with pytest.raises(FetchError, match="unsupported content type"):
+        await fetcher.fetch("https://public.example/binary", thread_id="t-pdf")
