@@ -223,7 +223,7 @@ def pdf_text(body: bytes) -> tuple[str, str]:
     try:
         reader = PdfReader(io.BytesIO(body))
         pages = [page.extract_text() or "" for page in reader.pages]
-        title = str((reader.metadata or {}).get("/Title") or "")
+        title = str(reader.metadata.title or "") if reader.metadata is not None else ""
     except (PdfReadError, ValueError, KeyError) as exc:
         msg = f"unreadable PDF ({type(exc).__name__})"
         raise FetchError(msg) from None
