@@ -161,6 +161,9 @@ def build_graph(
             "report": "",
             "not_verified": [],
             "metrics": {},
+            "verifications": None,
+            "usage": None,
+            "started_at": 0.0,
         }
 
     def review_plan(state: State) -> Command[Any]:

@@ -26,6 +26,11 @@ def merge_files(current: dict[str, Any] | None, update: dict[str, Any] | None) -
     return merged
 
 
+def append_or_reset(current: list[Any] | None, update: list[Any] | None) -> list[Any]:
+    """Appends; an update of None starts the list afresh (a new question in the thread)."""
+    return [] if update is None else [*(current or []), *update]
+
+
 class Usage(TypedDict):
     """What one agent (orchestrator or subagent) used in one call."""
 
@@ -59,8 +64,10 @@ class State(TypedDict):
     """Critique rounds done; at research_critique_rounds the unsupported claims are removed."""
     unsupported: list[str]
     """Claims of the current draft that failed the check or the critic, with reasons."""
-    verifications: Annotated[list[Verification], operator.add]
-    usage: Annotated[list[Usage], operator.add]
+    verifications: Annotated[list[Verification], append_or_reset]
+    """This question's checks, one per critique round."""
+    usage: Annotated[list[Usage], append_or_reset]
+    """This question's model and tool use, per agent call."""
     report: str
     """The delivered report: only claims whose citations pass the check."""
     not_verified: list[str]

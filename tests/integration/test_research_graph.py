@@ -259,3 +259,23 @@ async def test_an_injected_page_changes_no_memory_and_no_tool_set(persistence, t
     # The subagent's tools stayed the narrow set.
     names = {c["name"] for r in ObedientModel.replies for c in r.tool_calls}
     assert names <= {"write_todos", "task", "read_file", "write_file", "web_search", "fetch_url"}
+
+
+async def test_a_second_question_in_the_thread_starts_a_fresh_run(persistence):
+    model = RecordingModel(structured_responder=_structured)
+    tools = tools_for(persistence)
+    graph = graph_for(persistence, model, tools)
+    config, context = run_args("research-graph-4")
+    for question in (QUESTION, "What causes colony collapse disorder?"):
+        await graph.ainvoke({"messages": [HumanMessage(question)]}, config, context=context)
+        final = await graph.ainvoke(
+            Command(resume={"decision": "approve"}), config, context=context
+        )
+    assert len(final["verifications"]) == 1
+    assert final["metrics"]["subagent_runs"] == 1
+    assert set(final["files"]) == {
+        "/notes/what-causes-colony-collapse-disorder.md",
+        "/final_report.md",
+    }
+    assert "colony collapse" in final["report"].lower()
+    assert "seed vault" not in final["report"].lower()
