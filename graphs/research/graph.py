@@ -256,10 +256,11 @@ def build_graph(
 
     def reopen_claims(state: State) -> dict[str, Any]:
         """Each unsupported claim becomes a todo: re-research it with a source, or remove it."""
-        new: list[Todo] = [
-            {"content": f"Re-research or remove: {claim}"[:200], "status": "pending"}
-            for claim in state["unsupported"]
-        ]
+        new: list[Todo] = []
+        for item in state["unsupported"]:
+            claim, _, reason = item.rpartition(" — ")
+            text = f"Re-research or remove ({reason[:60]}): {claim or item}"
+            new.append({"content": text[:200], "status": "pending"})
         done = [t for t in state["todos"] if t["status"] == "completed"]
         return {"todos": done + new, "critique_round": state.get("critique_round", 0) + 1}
 

@@ -125,7 +125,7 @@ async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persist
     assert first["failing_claims"]
     assert "trillion" in first["failing_claims"][0]
     assert any(
-        t["content"].startswith("Re-research or remove:") and "trillion" in t["content"]
+        t["content"].startswith("Re-research or remove (") and "trillion" in t["content"]
         for t in final["todos"]
     )
     assert "trillion" in second["failing_claims"][0]  # the orchestrator left it in
@@ -279,3 +279,34 @@ async def test_a_second_question_in_the_thread_starts_a_fresh_run(persistence):
     }
     assert "colony collapse" in final["report"].lower()
     assert "seed vault" not in final["report"].lower()
+
+
+def flagging_critic(schema: Any, messages: list[BaseMessage]) -> Any:
+    """A critic that finds one claim's quote does not support it (and names a claim not in the report)."""
+    if getattr(schema, "__name__", "") != "Critique":
+        return None
+    report = str(messages[-1].text).split("<report>")[-1]
+    line = next(ln for ln in report.splitlines() if "direction of the food" in ln)
+    claim = line.split(' ["')[0].removeprefix("- ")
+    return {
+        "flags": [
+            {"claim": claim, "reason": "the quote is about direction, the claim overstates it"},
+            {"claim": "A claim that is not in the report at all", "reason": "ignored"},
+        ]
+    }
+
+
+async def test_a_claim_the_critic_flags_becomes_a_todo_and_is_removed_at_the_cap(persistence):
+    model = RecordingModel(fix_revisions=False, structured_responder=flagging_critic)
+    graph = graph_for(persistence, model)
+    config, context = run_args("research-graph-5")
+    await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, config, context=context)
+    final = await graph.ainvoke(Command(resume={"decision": "approve"}), config, context=context)
+    first = final["verifications"][0]
+    assert first["failing_claims"] == []  # the deterministic check passed it ...
+    assert len(first["critic_flags"]) == 1  # ... the critic did not; the unknown flag is dropped
+    assert any("critic:" in t["content"] for t in final["todos"])
+    assert "direction of the food" not in final["report"]
+    assert any("direction of the food" in item for item in final["not_verified"])
+    assert len(final["not_verified"]) == 1  # the other claims stay
+    assert final["report"].count("](corpus://") >= 3
