@@ -42,6 +42,7 @@ def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
     ).to_be_visible(timeout=60_000)
     expect(page.get_by_text("26 February 2008").first).to_be_visible(timeout=90_000)
 
+    expect(page.get_by_text("final_report.pdf").last).to_be_visible()
     with page.expect_download() as download_info:
         page.get_by_text("final_report.md").last.click()
     path = tmp_path / "final_report.md"
