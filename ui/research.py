@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -28,18 +27,11 @@ if TYPE_CHECKING:
     from graphs.core.context import Context
     from graphs.core.settings import Settings
 
-log = logging.getLogger("cairn.research")
-
 PLAN_ACTION = "research_plan"
 RECURSION_LIMIT = 200
 """Outer phases plus the orchestrator's and subagents' own loops, which inherit the limit."""
 EDIT_TIMEOUT_S = 600
-STEP_NAMES = {
-    "write_plan": "Planning topics",
-    "check_citations": "Checking citations",
-    "reopen_claims": "Turning unsupported claims into todos",
-    "finalize": "Removing unverified claims",
-}
+CHECK_STEP = "Checking citations"
 
 
 def _status(status: str) -> cl.TaskStatus:
@@ -187,7 +179,7 @@ def _messages(delta: dict[str, Any]) -> list[Any]:
 
 
 async def _show_check(verification: dict[str, Any]) -> None:
-    step = cl.Step(name=STEP_NAMES["check_citations"], type="run", default_open=False)
+    step = cl.Step(name=CHECK_STEP, type="run", default_open=False)
     passing, total = verification["passing"], verification["citations"]
     lines = [f"Round {verification['round']}: {passing} of {total} citations pass the check."]
     lines += [f"- failed: {claim}" for claim in verification["failing_claims"]]

@@ -310,3 +310,12 @@ async def test_a_claim_the_critic_flags_becomes_a_todo_and_is_removed_at_the_cap
     assert any("direction of the food" in item for item in final["not_verified"])
     assert len(final["not_verified"]) == 1  # the other claims stay
     assert final["report"].count("](corpus://") >= 3
+
+
+async def test_the_app_wiring_logs_fetches_in_postgres(persistence):
+    from graphs.research.graph import default_tools
+
+    tools = default_tools(persistence.store, Settings(openai_api_key=None))
+    assert isinstance(tools.fetch_log, PostgresFetchLog)
+    record = await tools.fetcher.fetch("corpus://sample/bees-waggle-dance.md", thread_id="wiring")
+    assert [r.id for r in await tools.fetch_log.for_thread("wiring")] == [record.id]
