@@ -115,6 +115,8 @@ class Settings(BaseSettings):
     research_subagent_tokens: int = Field(default=120_000, ge=1_000)
     """Tokens one research subagent may use (as the model server reports them)."""
     research_subagent_timeout_s: float = Field(default=180.0, gt=0)
+    research_run_timeout_s: float = Field(default=900.0, gt=0)
+    """One research round of the orchestrator; at the limit it keeps the files written so far."""
 
     @field_validator("openai_api_key", mode="before")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.store.base import BaseStore
+
+log = logging.getLogger("cairn.research")
 
 MAX_TODOS = 8
 MAX_PLAN_REJECTIONS = 2
@@ -200,10 +204,17 @@ def build_graph(
         started = state.get("started_at") if state.get("critique_round") else time.time()
         task = research_task(state)
         before = dict(state.get("files") or {})
-        result = await orchestrator.ainvoke(
-            {"messages": [HumanMessage(task)], "todos": state["todos"], "files": before},
-            context=runtime.context,
-        )
+        inputs = {"messages": [HumanMessage(task)], "todos": state["todos"], "files": before}
+        result: dict[str, Any] = {"messages": [], "files": before}
+        try:
+            # Values are streamed so a run stopped by the time limit keeps what it wrote so far.
+            async with asyncio.timeout(settings.research_run_timeout_s):
+                async for values in orchestrator.astream(
+                    inputs, stream_mode="values", context=runtime.context
+                ):
+                    result = values
+        except TimeoutError:
+            log.warning("research round stopped at %ss", settings.research_run_timeout_s)
         files = result.get("files") or {}
         return {
             "files": {p: d for p, d in files.items() if before.get(p) != d},

@@ -319,3 +319,48 @@ async def test_the_app_wiring_logs_fetches_in_postgres(persistence):
     assert isinstance(tools.fetch_log, PostgresFetchLog)
     record = await tools.fetcher.fetch("corpus://sample/bees-waggle-dance.md", thread_id="wiring")
     assert [r.id for r in await tools.fetch_log.for_thread("wiring")] == [record.id]
+
+
+async def test_a_round_stopped_by_the_time_limit_keeps_its_notes_and_delivers_nothing_unchecked(
+    persistence,
+):
+    import asyncio
+
+    from graphs.research.offline import ORCHESTRATOR_MARK
+
+    def about_to_write_the_report(messages) -> bool:
+        system = " ".join(str(m.text) for m in messages if m.type == "system")
+        read_notes = any(m.type == "tool" and m.name == "read_file" for m in messages)
+        return ORCHESTRATOR_MARK in system and read_notes
+
+    class StallsBeforeTheReport(OfflineResearchModel):
+        async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+            if about_to_write_the_report(messages):
+                await asyncio.sleep(60)
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+        async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+            if about_to_write_the_report(messages):
+                await asyncio.sleep(60)
+            async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+                yield chunk
+
+    corpus = LocalCorpus(SAMPLE_CORPUS_DIR)  # lexical search: fast and steady
+    tools = ResearchTools(
+        search=corpus,
+        fetcher=Fetcher(log=PostgresFetchLog(persistence.pool), openers={"corpus": corpus.open}),
+    )
+    settings = Settings(openai_api_key=None, research_critique_rounds=1, research_run_timeout_s=5)
+    graph = build_graph(
+        checkpointer=persistence.checkpointer,
+        store=persistence.store,
+        model=StallsBeforeTheReport(structured_responder=_structured),
+        tools=tools,
+        settings=settings,
+    )
+    config, context = run_args("research-graph-6")
+    await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, config, context=context)
+    final = await graph.ainvoke(Command(resume={"decision": "approve"}), config, context=context)
+    assert any(p.startswith("/notes/") for p in final["files"])  # the work done is kept
+    assert final["report"] == ""
+    assert "could not verify" in final["messages"][-1].text
