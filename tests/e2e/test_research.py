@@ -25,8 +25,12 @@ def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
     app_server, browser, tmp_path
 ):
     page = login(browser, app_server, "alice")
+    # Switching profile restarts the session: wait for the old greeting to go, then the new one.
+    old_greeting = page.get_by_text("offline stand-in model").last.element_handle()
     page.locator("#chat-profiles").click()
     page.locator('[data-test="select-item:Research"]').click()
+    old_greeting.wait_for_element_state("hidden")
+    expect(page.locator("#chat-profiles")).to_contain_text("Research")
     wait_until_connected(page)
 
     send(page, QUESTION)
