@@ -288,10 +288,11 @@ def build_graph(
             if c.plain in critic_flags
         }
         removal = remove_failing(report, result, flagged=flagged)
-        if not check_report(removal.report, records).ok:  # pragma: no cover - removal is total
+        checked = check_report(removal.report, records)
+        if not checked.ok:  # removal drops every failing line, so this is a broken invariant
             msg = "a report with a failing citation would have been delivered"
             raise AssertionError(msg)
-        final = removal.report if check_report(removal.report, records).claims else ""
+        final = removal.report if checked.claims else ""
         await remember_sources(result, runtime)
         metrics = run_metrics(state, removed=len(removal.not_verified))
         reply = final or "I could not verify any claim for this question, so there is no report."
@@ -302,7 +303,8 @@ def build_graph(
         return {
             "report": final,
             "not_verified": removal.not_verified,
-            "files": {REPORT_PATH: _file(final, state)} if final else {},
+            # The thread's final_report.md is the checked one, or none: never the raw draft.
+            "files": {REPORT_PATH: _file(final, state) if final else None},
             "metrics": metrics,
             "messages": messages,
         }
