@@ -1,5 +1,7 @@
 """Graphs as LangGraph Studio / `langgraph dev` loads them: its server supplies persistence."""
 
 from graphs.assistant.graph import build_graph as _build_assistant
+from graphs.research.graph import build_graph as _build_research
 
 assistant = _build_assistant(checkpointer=None, store=None)
+research = _build_research(checkpointer=None, store=None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from graphs.assistant.graph import build_graph as build_assistant
+from graphs.research.graph import build_graph as build_research
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,8 +35,10 @@ AGENTS: tuple[Agent, ...] = (
     Agent(
         key="research",
         profile="Research",
-        description="Deep research with sources you can check (coming soon).",
-        build=None,
+        description="Deep research with sources you can check: you approve the topics, every "
+        "citation in the report is checked against a page Cairn actually fetched.",
+        build=build_research,
+        reply_node="finalize",
     ),
     Agent(
         key="planner",

@@ -34,6 +34,11 @@ def _buttons(thread_id: str, interrupt_id: str, labels: dict[str, str]) -> list[
 async def show_interrupt(interrupt: Any, *, thread_id: str) -> None:
     """Render a pending interrupt as a question with buttons (again after a restart too)."""
     value = interrupt.value if isinstance(interrupt.value, dict) else {}
+    if value.get("kind") == "review_plan":
+        from ui.research import show_plan_review
+
+        await show_plan_review(interrupt, thread_id=thread_id)
+        return
     if value.get("kind") == "confirm_memory":
         text = (
             "You asked me to remember something sensitive. Should I store it?\n\n"
