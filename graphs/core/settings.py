@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     """Model name when embedding_provider is openai."""
     embedding_dims: int = 1536
     """Dimensions when embedding_provider is openai."""
+    embedding_threads: int = Field(default=1, ge=1, le=64)
+    """CPU threads for the local embedding model (1 keeps latency low on a busy server)."""
 
     # Long-term memory.
     memory_idle_seconds: float = Field(default=60.0, ge=0.0)
