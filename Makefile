@@ -46,9 +46,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.ttft
 	$(BIN)/python -m bench.memory
 
-# Memory quality: recall precision/recall, write accuracy, forgotten facts coming back (must be 0).
+# Memory quality (recall precision/recall, write accuracy, forgotten facts coming back: must be 0)
+# and research quality (citation precision, claims removed, critique rounds, tool calls, time).
 eval: $(STAMP)
 	$(BIN)/python -m evals.memory
+	$(BIN)/python -m evals.research
 
 clean:
 	rm -rf $(VENV) .data .files .pytest_cache .mypy_cache .ruff_cache

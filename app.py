@@ -5,7 +5,7 @@ import chainlit.server
 from chainlit.server import app
 
 from auth.oauth import oauth_callback
-from ui import chat, runtime
+from ui import chat, research, runtime
 from ui.data_layer import PostgresDataLayer, require_thread_author
 
 _runtime = runtime.prepare(app)
@@ -25,3 +25,4 @@ cl.on_settings_update(chat.update_settings)
 cl.action_callback("retry")(chat.retry_turn)
 cl.action_callback("resume")(chat.resume_interrupt)
 cl.action_callback("plan_review")(chat.review_plan)
+cl.action_callback("research_plan")(research.review_plan_action)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphs.assistant.graph import build_graph as build_assistant
 from graphs.planner.graph import build_graph as build_planner
+from graphs.research.graph import build_graph as build_research
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,8 +36,10 @@ AGENTS: tuple[Agent, ...] = (
     Agent(
         key="research",
         profile="Research",
-        description="Deep research with sources you can check (coming soon).",
-        build=None,
+        description="Deep research with sources you can check: you approve the topics, every "
+        "citation in the report is checked against a page Cairn actually fetched.",
+        build=build_research,
+        reply_node="finalize",
     ),
     Agent(
         key="planner",

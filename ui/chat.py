@@ -30,6 +30,7 @@ from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
 from ui.interrupts import ResumePayload, clear_prompt, show_after_resume, show_interrupt
+from ui.research import run_research_turn
 from ui.runtime import get_runtime
 from ui.streaming import run_turn
 
@@ -312,7 +313,8 @@ async def _run_locked(
         if agent.key == "planner":
             result = await planner.run_planner(graph, inputs, context=context)
         else:
-            result = await run_turn(graph, inputs, context=context, reply_node=agent.reply_node)
+            runner = run_research_turn if agent.key == "research" else run_turn
+            result = await runner(graph, inputs, context=context, reply_node=agent.reply_node)
     except GraphRecursionError:
         await cl.Message(
             content="I went round in circles on that one and stopped. Could you rephrase or "

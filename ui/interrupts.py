@@ -44,9 +44,14 @@ async def show_interrupt(interrupt: Any, *, thread_id: str) -> None:
     """Render a pending interrupt as a question with buttons (again after a restart too)."""
     value = interrupt.value if isinstance(interrupt.value, dict) else {}
     if value.get("kind") == "review_plan":
-        from ui.planner import show_plan_review
+        from ui.research import show_plan_review
 
         await show_plan_review(interrupt, thread_id=thread_id)
+        return
+    if value.get("kind") == "planner_review":
+        from ui.planner import show_plan_review as show_planner_review
+
+        await show_planner_review(interrupt, thread_id=thread_id)
         return
     if value.get("kind") == "confirm_memory":
         text = (

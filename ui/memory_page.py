@@ -131,7 +131,12 @@ def build_router() -> APIRouter:
                 "default_retention_days": runtime.settings.retention_days,
             },
             "memories": [_memory_json(m, names) for m in memories],
-            "suggestions": await _suggestions(runtime, user_id, memory, names),
+            "suggestions": await _suggestions(
+                runtime,
+                memory,
+                names,
+                [c["id"] for c in conversations if c["agent"] == "assistant"],
+            ),
             "conversations": conversations,
             "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
             if runtime.memory_jobs
@@ -295,14 +300,18 @@ async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, An
 
 
 async def _suggestions(
-    runtime: AppRuntime, user_id: str, memory: ScopedMemory, names: dict[str, str]
+    runtime: AppRuntime,
+    memory: ScopedMemory,
+    names: dict[str, str],
+    assistant_threads: list[str],
 ) -> list[dict[str, Any]]:
     """Sensitive facts waiting for a yes or no: the assistant's paused confirmations (the
     run resumes when answered here) and the memory job's stored suggestions."""
     found: list[dict[str, Any]] = []
     graph = runtime.graphs.get("assistant")
     if graph is not None:
-        for thread_id in list(names)[:50]:
+        # The most recently active ones: a confirmation waits in a conversation in use.
+        for thread_id in assistant_threads[:50]:
             state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
             for interrupt in state.interrupts:
                 value = interrupt.value if isinstance(interrupt.value, dict) else {}

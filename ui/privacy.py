@@ -113,8 +113,9 @@ class Privacy:
         if self.memory_jobs is not None:
             await self.memory_jobs.forget_thread(user_id=owner_id, thread_id=thread_id)
         await self.checkpointer.adelete_thread(thread_id)
-        if chainlit:
-            async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn:
+            await conn.execute("DELETE FROM research_fetch_log WHERE thread_id = %s", (thread_id,))
+            if chainlit:
                 await conn.execute('DELETE FROM "Thread" WHERE id = %s', (thread_id,))
         memory = ScopedMemory(self.store, owner_id)
         forgotten = 0
@@ -213,6 +214,10 @@ class Privacy:
         await self._remember_deleted(threads)
         for thread_id in threads:
             await self.checkpointer.adelete_thread(thread_id)
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "DELETE FROM research_fetch_log WHERE thread_id = ANY(%s)", (threads,)
+            )
         counts["conversations"] = counts.get("conversations", 0) + len(threads)
         await self._step(report, "checkpoints_deleted")
         memory = ScopedMemory(self.store, user_id)
@@ -279,7 +284,9 @@ class Privacy:
                 " (SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%(t)s))"
                 " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))"
                 " + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s))"
-                " AS checkpoints",
+                " AS checkpoints,"
+                " (SELECT count(*) FROM research_fetch_log WHERE thread_id = ANY(%(t)s))"
+                " AS fetched_pages",
                 {"u": user_id, "t": threads},
             )
             row = await cur.fetchone()

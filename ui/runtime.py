@@ -31,6 +31,7 @@ from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.privacy import Privacy
+from ui.research import corpus_router
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -114,6 +115,7 @@ def prepare(app: FastAPI) -> AppRuntime:
         )
         mount_before_catch_all(app, router)
     mount_before_catch_all(app, build_memory_router())
+    mount_before_catch_all(app, corpus_router(settings))
     _runtime = AppRuntime(
         settings=settings,
         pool=pool,

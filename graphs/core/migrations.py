@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphs.tools.fetchlog import FETCH_LOG_DDL
+
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
@@ -142,6 +144,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    # The research fetch log: what fetch_url fetched, per thread (graphs/tools/fetchlog.py).
+    ("0007_research_fetch_log", FETCH_LOG_DDL),
 ]
 
 

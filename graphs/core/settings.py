@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     """Model name when embedding_provider is openai."""
     embedding_dims: int = 1536
     """Dimensions when embedding_provider is openai."""
+    embedding_threads: int = Field(default=1, ge=1, le=64)
+    """CPU threads for the local embedding model (1 keeps latency low on a busy server)."""
 
     # Long-term memory.
     memory_idle_seconds: float = Field(default=60.0, ge=0.0)
@@ -117,6 +119,26 @@ class Settings(BaseSettings):
     upload_mime_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["text/plain", "text/markdown", "text/csv"]
     )
+
+    # Research agent.
+    research_search_provider: Literal["local", "ddgs", "tavily", "searxng"] = "local"
+    """Where web_search looks: the local sample corpus (offline default) or a web provider."""
+    research_corpus_dir: Path = PROJECT_ROOT / "graphs" / "research" / "corpus"
+    """Folder of Markdown/text/HTML documents served by the local corpus provider."""
+    tavily_api_key: SecretStr | None = None
+    searxng_url: str | None = None
+    """Base URL of a SearxNG instance with the JSON format enabled."""
+    research_critique_rounds: int = Field(default=2, ge=0, le=5)
+    """Critique rounds before still-unsupported claims are removed."""
+    research_max_subagents: int = Field(default=3, ge=1, le=10)
+    """Research subagents running at once, per thread and per user."""
+    research_subagent_tool_calls: int = Field(default=12, ge=1, le=100)
+    """Tool calls one research subagent may make."""
+    research_subagent_tokens: int = Field(default=120_000, ge=1_000)
+    """Tokens one research subagent may use (as the model server reports them)."""
+    research_subagent_timeout_s: float = Field(default=180.0, gt=0)
+    research_run_timeout_s: float = Field(default=900.0, gt=0)
+    """One research round of the orchestrator; at the limit it keeps the files written so far."""
 
     @field_validator("openai_api_key", mode="before")
     @classmethod

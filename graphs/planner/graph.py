@@ -340,7 +340,7 @@ def review_request(state: State, *, budget: int, max_rounds: int) -> dict[str, A
     rounds = state.get("review_rounds", 0)
     steps = min(len(plan), budget)
     return {
-        "kind": "review_plan",
+        "kind": "planner_review",
         "goal": state.get("input", ""),
         "plan": plan,
         "completed": [step for _, step, _ in map(step_parts, state.get("past_steps", []))],

@@ -71,7 +71,7 @@ async def test_the_pause_is_durable_and_another_user_cannot_reach_it(planner, pe
         checkpointer=persistence.checkpointer, store=persistence.store, model=offline_planner()
     )
     state = await rebuilt.aget_state(config(thread))
-    assert state.interrupts[0].value["kind"] == "review_plan"
+    assert state.interrupts[0].value["kind"] == "planner_review"
 
     # Every UI path (resume, button, state read) asks require_owner first: bob is refused,
     # exactly as for a thread that does not exist.

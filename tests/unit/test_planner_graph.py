@@ -93,7 +93,7 @@ async def test_approve_runs_the_plan_and_answers():
     graph, store = make(model)
     paused = await start(graph, "t-approve")
     review = paused["__interrupt__"][0].value
-    assert review["kind"] == "review_plan"
+    assert review["kind"] == "planner_review"
     assert review["plan"] == ["Count churned customers by region"]
     assert review["step_budget"] == 6
     assert review["estimated_model_calls"] == 1 + 1 * 4

@@ -1,0 +1,84 @@
+"""Research memories: evidence-based source reliability, written after the report passed the check.
+
+Only this code writes `/memories/` for research, never a model and never a subagent: what it
+records is counted from the deterministic citation check (how often a source's quotes held up),
+not a model's opinion, so a hostile page cannot talk its way into being trusted. Entries are
+timestamped and decay; they guide which sources to try first and never replace verification.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from graphs.research.files import memory_namespace_for, memory_problem
+
+if TYPE_CHECKING:
+    from langgraph.store.base import BaseStore
+
+    from graphs.research.citations import CheckResult
+
+log = logging.getLogger("cairn.research")
+
+SOURCES_KEY = "/source_reliability.md"
+"""Read by the orchestrator as /memories/source_reliability.md (the CompositeBackend route)."""
+MAX_SOURCES = 20
+DECAY = timedelta(days=180)
+_LINE = re.compile(r"^- (\S+): (\d+)/(\d+) quoted excerpts verified \(last (\d{4}-\d{2}-\d{2})\)$")
+
+
+class ResearchMemory:
+    """Store access for one user's research learnings; the namespace comes from identity only."""
+
+    def __init__(self, store: BaseStore, user_id: str) -> None:
+        self.namespace = memory_namespace_for(user_id)
+        self._store = store
+
+    async def source_stats(self) -> dict[str, tuple[int, int, str]]:
+        item = await self._store.aget(self.namespace, SOURCES_KEY)
+        if item is None:
+            return {}
+        stats = {}
+        for line in str(item.value.get("content", "")).splitlines():
+            if match := _LINE.match(line):
+                stats[match[1]] = (int(match[2]), int(match[3]), match[4])
+        return stats
+
+    async def record_check(self, result: CheckResult) -> str | None:
+        """Add this report's per-source pass counts; returns the file written (None if refused)."""
+        today = datetime.now(UTC).date()
+        stats = {
+            source: counts
+            for source, counts in (await self.source_stats()).items()
+            if today - datetime.fromisoformat(counts[2]).date() <= DECAY
+        }
+        for citation in result.citations:
+            source = source_of(citation.url)
+            passed, total, _ = stats.get(source, (0, 0, ""))
+            stats[source] = (passed + citation.passed, total + 1, today.isoformat())
+        if not stats:
+            return None
+        ranked = sorted(stats.items(), key=lambda kv: (-kv[1][1], kv[0]))[:MAX_SOURCES]
+        content = "\n".join(
+            f"- {source}: {passed}/{total} quoted excerpts verified (last {last})"
+            for source, (passed, total, last) in ranked
+        )
+        if (problem := memory_problem(content)) is not None:
+            log.warning("research memory not written: %s", problem)
+            return None
+        now = datetime.now(UTC).isoformat()
+        value = {"content": content, "encoding": "utf-8", "modified_at": now}
+        old = await self._store.aget(self.namespace, SOURCES_KEY)
+        value["created_at"] = str(old.value.get("created_at", now)) if old else now
+        await self._store.aput(self.namespace, SOURCES_KEY, value)
+        return content
+
+
+def source_of(url: str) -> str:
+    """The source a rating is about: the host of a web page, the corpus name of a local document."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    return f"{parts.scheme}://{host}" if parts.scheme == "corpus" else host or url[:80]

@@ -1,0 +1,175 @@
+"""The deep agents of a research run: the orchestrator (create_deep_agent) and its budgeted research subagent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from deepagents import create_deep_agent
+from deepagents.middleware.filesystem import FilesystemMiddleware
+from deepagents.middleware.subagents import CompiledSubAgent
+from langchain.agents import create_agent
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ModelCallLimitMiddleware,
+    ToolCallLimitMiddleware,
+)
+from langchain.agents.middleware.types import hook_config
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.runtime import get_runtime
+
+from graphs.core.context import Context
+from graphs.research.files import orchestrator_backend, researcher_backend
+from graphs.research.prompts import ORCHESTRATOR_PROMPT, RESEARCHER_PROMPT
+from graphs.research.state import OrchestratorState, Usage
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.tools import BaseTool
+    from langgraph.graph.state import CompiledStateGraph
+
+    from graphs.core.settings import Settings
+
+RESEARCHER = "researcher"
+
+
+class SubagentSlots:
+    """Caps research subagents running at once, per thread and per user (one event loop)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._slots: defaultdict[str, asyncio.Semaphore] = defaultdict(
+            lambda: asyncio.Semaphore(limit)
+        )
+
+    @asynccontextmanager
+    async def hold(self, *, user_id: str, thread_id: str) -> AsyncIterator[None]:
+        async with self._slots[f"user:{user_id}"], self._slots[f"thread:{thread_id}"]:
+            yield
+
+
+class TokenBudget(AgentMiddleware[Any, Any, Any]):
+    """Stops a subagent before a model call once its run has used `max_tokens` tokens."""
+
+    def __init__(self, max_tokens: int) -> None:
+        super().__init__()
+        self.max_tokens = max_tokens
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        used = usage_of(RESEARCHER, list(state.get("messages") or []))["tokens"]
+        if used < self.max_tokens:
+            return None
+        text = (
+            f"Token budget reached ({used} of {self.max_tokens}). Stopping here; "
+            "whatever is not in the notes is a gap."
+        )
+        return {"jump_to": "end", "messages": [AIMessage(text)]}
+
+
+def usage_of(agent: str, messages: list[Any]) -> Usage:
+    tool_calls = sum(isinstance(m, ToolMessage) for m in messages)
+    tokens = sum(
+        int((getattr(m, "usage_metadata", None) or {}).get("total_tokens", 0))
+        for m in messages
+        if isinstance(m, AIMessage)
+    )
+    return {"agent": agent, "tool_calls": tool_calls, "tokens": tokens}
+
+
+def build_researcher(
+    model: BaseChatModel,
+    tools: list[BaseTool],
+    settings: Settings,
+    slots: SubagentSlots,
+) -> CompiledSubAgent:
+    """Fresh context, narrow tools (search, fetch, write notes/), budgets and a timeout, in code."""
+    middleware: list[Any] = [
+        FilesystemMiddleware(
+            backend=researcher_backend(),
+            tools=["ls", "read_file", "write_file"],
+            tool_token_limit_before_evict=None,
+        ),
+        ToolCallLimitMiddleware(
+            run_limit=settings.research_subagent_tool_calls, exit_behavior="end"
+        ),
+        ModelCallLimitMiddleware(
+            run_limit=settings.research_subagent_tool_calls + 2, exit_behavior="end"
+        ),
+        TokenBudget(settings.research_subagent_tokens),
+    ]
+    agent: Any = create_agent(
+        model,
+        tools=tools,
+        system_prompt=RESEARCHER_PROMPT,
+        middleware=middleware,
+        context_schema=Context,
+        name=RESEARCHER,
+    )
+    timeout_s = settings.research_subagent_timeout_s
+
+    async def run_researcher(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        context = get_runtime(Context).context
+        before = dict(state.get("files") or {})
+        async with slots.hold(user_id=context.user_id, thread_id=context.thread_id):
+            try:
+                async with asyncio.timeout(timeout_s):
+                    result = await agent.ainvoke(state, config, context=context)
+            except TimeoutError:
+                text = f"The research subagent stopped at its {timeout_s:g}s limit; record this topic as a gap."
+                return {
+                    "messages": [AIMessage(text)],
+                    "usage": [{"agent": RESEARCHER, "tool_calls": 0, "tokens": 0}],
+                }
+        files = result.get("files") or {}
+        changed = {path: data for path, data in files.items() if before.get(path) != data}
+        return {
+            "messages": result["messages"],
+            "files": changed,
+            "usage": [usage_of(RESEARCHER, result["messages"])],
+        }
+
+    return {
+        "name": RESEARCHER,
+        "description": (
+            "Researches one topic with web search and page fetches, writes sourced findings "
+            "(claim, exact quote, URL, title, fetch time, fetch-log id) to notes/<slug>.md and "
+            "returns a short summary with the notes path."
+        ),
+        "runnable": RunnableLambda(run_researcher, name=RESEARCHER),
+    }
+
+
+def disabled_general_purpose() -> CompiledSubAgent:
+    """Replaces deepagents' default general-purpose subagent, which would get the orchestrator's
+    file tools without the researcher's budgets: Research delegates to `researcher` only."""
+
+    async def refuse(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [AIMessage("Not available in Research: use the researcher subagent.")]}
+
+    return {
+        "name": "general-purpose",
+        "description": "Not available in Research. Use the researcher subagent.",
+        "runnable": RunnableLambda(refuse, name="general-purpose"),
+    }
+
+
+def build_orchestrator(
+    model: BaseChatModel, researcher: CompiledSubAgent
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The orchestrator: write_todos, task (research subagents), file tools over the guarded backend."""
+    return create_deep_agent(
+        model,
+        tools=[],
+        system_prompt=ORCHESTRATOR_PROMPT,
+        subagents=[researcher, disabled_general_purpose()],
+        backend=orchestrator_backend(),
+        state_schema=OrchestratorState,
+        context_schema=Context,
+        name="research_orchestrator",
+    )

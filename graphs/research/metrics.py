@@ -1,0 +1,29 @@
+"""Per-run research metrics: citation precision, claims removed, critique rounds, tool calls, tokens, wall time."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphs.research.state import State
+
+
+def run_metrics(state: State, *, removed: int) -> dict[str, Any]:
+    verifications = state.get("verifications") or []
+    first = verifications[0] if verifications else {"citations": 0, "passing": 0}
+    usage = state.get("usage") or []
+    started = state.get("started_at") or time.time()
+    return {
+        # Share of the first draft's citations that passed, before any removal or revision.
+        "citation_precision": (first["passing"] / first["citations"])
+        if first["citations"]
+        else 1.0,
+        "citations_first_draft": first["citations"],
+        "claims_removed": removed,
+        "critique_rounds": state.get("critique_round", 0),
+        "tool_calls": sum(u["tool_calls"] for u in usage),
+        "subagent_runs": sum(u["agent"] == "researcher" for u in usage),
+        "tokens": sum(u["tokens"] for u in usage),
+        "wall_time_s": round(time.time() - started, 3),
+    }

@@ -1,0 +1,1 @@
+"""Web tools shared by the Research and Planner agents: SSRF-safe fetching and search providers."""
