@@ -60,7 +60,9 @@ def test_plan_edit_approve_progress_and_an_answer_with_table_and_chart(app_serve
     # Reloading mid-review brings the pending plan back with buttons that still work.
     page.reload()
     page.locator("#chat-input").wait_for()
-    page.get_by_role("button", name="Edit").last.click()
+    page.wait_for_timeout(1500)  # the browser may resume the thread twice; let it settle
+    expect(page.get_by_role("button", name="Edit")).to_have_count(1)
+    page.get_by_role("button", name="Edit").click()
     expect(page.get_by_text("Send the plan as you want it").last).to_be_visible()
     send(page, "\n".join(f"{i}. {step}" for i, step in enumerate(EDITED_STEPS, 1)))
 
