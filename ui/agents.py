@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from graphs.assistant.graph import build_graph as build_assistant
+from graphs.planner.graph import build_graph as build_planner
 from graphs.research.graph import build_graph as build_research
 
 if TYPE_CHECKING:
@@ -43,8 +44,11 @@ AGENTS: tuple[Agent, ...] = (
     Agent(
         key="planner",
         profile="Planner",
-        description="Plans work, asks for your approval, then executes it (coming soon).",
-        build=None,
+        description="Plans an analysis as steps you approve or edit, then runs them with "
+        "read-only SQL (on a bundled demo dataset unless configured), replanning as results "
+        "come in, and answers with tables and charts.",
+        build=build_planner,
+        reply_node="finalize",
     ),
 )
 

@@ -25,10 +25,11 @@ from graphs.core.context import Context
 from graphs.core.models import offline_notice
 from graphs.core.runlock import ThreadBusy
 from graphs.memory.recall import is_trivial
+from ui import planner
 from ui.actions import ActionRejected, RetryPayload, parse_payload
 from ui.agents import AGENTS, Agent, agent_by_key, agent_for_profile
 from ui.input import InputRejected, check_message, compose
-from ui.interrupts import ResumePayload, clear_prompt, show_interrupt
+from ui.interrupts import ResumePayload, clear_prompt, show_after_resume, show_interrupt
 from ui.research import run_research_turn
 from ui.runtime import get_runtime
 from ui.streaming import run_turn
@@ -136,8 +137,7 @@ async def resume_chat(thread: ThreadDict) -> None:
     agent = agent_by_key(owned.agent)
     graph = runtime.graphs.get(agent.key)
     if graph is not None:
-        for interrupt in await _pending_interrupts(graph, thread["id"]):
-            await show_interrupt(interrupt, thread_id=thread["id"])
+        show_after_resume(await _pending_interrupts(graph, thread["id"]), thread_id=thread["id"])
 
 
 @refuses_ended_sessions
@@ -171,7 +171,11 @@ async def handle_message(message: cl.Message) -> None:
         await refuse(NOT_FOUND)
         return
     agent = agent_by_key(owned.agent)
-    inputs = {"messages": [HumanMessage(text, id=message.id)]}
+    inputs = (
+        planner.goal_inputs(text)
+        if agent.key == "planner"
+        else {"messages": [HumanMessage(text, id=message.id)]}
+    )
     context = Context(
         user_id=user_id, thread_id=thread_id, agent=agent.key, memory=not owned.temporary
     )
@@ -247,6 +251,25 @@ async def resume_interrupt(action: cl.Action) -> None:
     await _run(agent, command, checked.context)
 
 
+@refuses_ended_sessions
+async def review_plan(action: cl.Action) -> None:
+    """Approve / Edit / Reject under a pending plan: the same checks as every other button."""
+    if (checked := await _check_action(action, planner.PlanReviewPayload)) is None:
+        return
+    payload, thread_id = checked.payload, checked.context.thread_id
+    graph = get_runtime().graphs.get(checked.agent.key)
+    answer = await planner.review_answer(payload)
+    if answer is None:
+        return
+    pending = await _pending_interrupts(graph, thread_id) if graph is not None else []
+    if payload.interrupt_id not in {i.id for i in pending}:
+        await refuse("That plan has already been answered.")
+        return
+    await clear_prompt(payload.interrupt_id)
+    async with planner.busy():
+        await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+
+
 async def _pending_interrupts(graph: Any, thread_id: str) -> list[Any]:
     state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
     return list(state.interrupts)
@@ -287,8 +310,11 @@ async def _run_locked(
     agent: Agent, graph: Any, inputs: dict[str, Any] | Command[Any] | None, context: Context
 ) -> None:
     try:
-        runner = run_research_turn if agent.key == "research" else run_turn
-        result = await runner(graph, inputs, context=context, reply_node=agent.reply_node)
+        if agent.key == "planner":
+            result = await planner.run_planner(graph, inputs, context=context)
+        else:
+            runner = run_research_turn if agent.key == "research" else run_turn
+            result = await runner(graph, inputs, context=context, reply_node=agent.reply_node)
     except GraphRecursionError:
         await cl.Message(
             content="I went round in circles on that one and stopped. Could you rephrase or "

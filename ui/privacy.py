@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from auth.ownership import ThreadNotFound
 from graphs.memory.manage import forget_thread_memories
+from graphs.memory.plans import PlanMemory
 from graphs.memory.scoped import ScopedMemory
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class Privacy:
                     (thread_id, owner_id),
                 )
         await memory.drop_marker(thread_id)
+        await PlanMemory(self.store, owner_id).forget_thread(thread_id)
         return forgotten
 
     # Retention -----------------------------------------------------------------------------

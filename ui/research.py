@@ -252,9 +252,9 @@ async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
         actions=actions,
     )
     await message.send()
-    prompts: dict[str, cl.Message] = cl.user_session.get("interrupt_prompts") or {}
-    prompts[interrupt.id] = message
-    cl.user_session.set("interrupt_prompts", prompts)
+    from ui.interrupts import remember_prompt
+
+    await remember_prompt(interrupt.id, message)
 
 
 class EditedTopics(BaseModel):

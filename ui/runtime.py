@@ -26,6 +26,7 @@ from graphs.core.runlock import ThreadRunLocks
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
+from graphs.planner.sql import migrations as planner_migrations
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
@@ -139,7 +140,11 @@ async def start() -> None:
     persistence = await open_persistence(
         runtime.settings,
         pool=runtime.pool,
-        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *memory_job_migrations()],
+        extra_migrations=[
+            ("0003_local_auth", LOCAL_AUTH_DDL),
+            *memory_job_migrations(),
+            *planner_migrations(),
+        ],
     )
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)

@@ -82,6 +82,22 @@ class Settings(BaseSettings):
     retention_cron: str = "17 * * * *"
     """When the retention job looks for expired conversations (cron; a 6th field is seconds)."""
 
+    # Planner.
+    planner_step_budget: int = Field(default=6, ge=1, le=30)
+    """Plan steps a Planner run may execute before it stops with an honest partial answer."""
+    planner_review_rounds: int = Field(default=3, ge=1, le=10)
+    """How many times a reviewer may send a plan back for a redraft."""
+    analytics_database_url: SecretStr | None = None
+    """Postgres the Planner's read-only SQL tools query, connecting as a SELECT-only role the
+    operator created. Unset: the bundled demo schema of Cairn's own database, reached as the
+    `cairn_analyst` role the start-up migration creates."""
+    sql_timeout_ms: int = Field(default=5000, ge=100, le=120_000)
+    """statement_timeout for each analytics query."""
+    sql_max_rows: int = Field(default=200, ge=1, le=10_000)
+    """Rows an analytics query may return; the rest are cut off (and the cut is reported)."""
+    sql_max_chars: int = Field(default=12_000, ge=500, le=200_000)
+    """Characters of query output handed to the model."""
+
     # Auth and sessions.
     auth_secret: SecretStr | None = Field(
         default=None,

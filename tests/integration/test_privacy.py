@@ -24,6 +24,7 @@ from graphs.memory.manage import (
     edit_memory,
     forget_key,
 )
+from graphs.memory.plans import PlanMemory
 from graphs.memory.scoped import ScopedMemory
 from tests.integration.test_memory_jobs import db, eventually, memory_jobs_running
 from ui.privacy import Privacy
@@ -261,6 +262,10 @@ async def test_wipe_leaves_nothing_even_with_a_job_mid_write_and_is_idempotent(
         await jobs.message_arrived(user_id=user, thread_id=thread)
     others = await conversation(db, graph, other, "I prefer jazz")
     other_key = await learned(db, other, others, "User prefers jazz")
+    for owner, thread in ((user, threads[0]), (other, others)):
+        await PlanMemory(db.store, owner).record(
+            key=thread, thread_id=thread, goal="churn by region", steps=["a"], outcome="answered"
+        )
     assert await jobs.pending(user_id=user)
 
     # A job that is already past its checks and waiting on the model when the wipe starts.
@@ -297,6 +302,8 @@ async def test_wipe_leaves_nothing_even_with_a_job_mid_write_and_is_idempotent(
     assert report.verified, report.leftovers
     assert report.counts["conversations"] == 2
     assert report.counts["tombstones"] >= 1
+    assert await PlanMemory(db.store, user).count() == 0
+    assert await PlanMemory(db.store, other).count() == 1
     assert late.skipped == "thread_gone"
     assert late.written == []
     assert await memory.items(include_tombstones=True) == []

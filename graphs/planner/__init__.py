@@ -1,0 +1,1 @@
+"""The Planner agent: plan, review, execute step by step, replan."""
