@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphs.memory.scoped import MissingIdentity, now_iso
+from graphs.memory.scoped import MissingIdentity, now_iso, user_label
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -37,7 +37,7 @@ class PlanMemory:
             msg = "plan memory needs the verified user's id"
             raise MissingIdentity(msg)
         self._store = store
-        self._namespace = (user_id, PLANS)
+        self._namespace = (user_label(user_id), PLANS)
 
     @classmethod
     def from_runtime(cls, runtime: Runtime[Context]) -> PlanMemory | None:
