@@ -85,7 +85,7 @@ def build_graph(
     max_rounds = review_rounds or settings.planner_review_rounds
     planner_llm = model or planner_model("planner")
     executor_llm = executor_model or model or planner_model("executor")
-    executor = build_executor(executor_llm, tools if tools is not None else default_tools())
+    executor = build_executor(executor_llm, tools if tools is not None else default_tools(store))
 
     async def plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         """Draft (or redraft after an edit) a short list of self-contained steps."""
@@ -450,11 +450,15 @@ def planner_model(role: Literal["planner", "executor"]) -> BaseChatModel:
     return offline_planner() if get_settings().offline else chat_model(role)
 
 
-def default_tools() -> list[BaseTool]:
+def default_tools(store: BaseStore | None = None) -> list[BaseTool]:
+    """Read-only SQL on the analytics database, plus the web search and fetch shared with
+    Research (fetches logged per thread; no query strings, so nothing read leaves in a URL)."""
+    from graphs.core.settings import get_settings
     from graphs.planner.sql import AnalyticsDatabase
     from graphs.planner.tools import make_tools
+    from graphs.tools.web import step_tool_set, web_tools
 
-    return make_tools(AnalyticsDatabase())
+    return [*make_tools(AnalyticsDatabase()), *step_tool_set(web_tools(store, get_settings()))]
 
 
 def _clean_steps(steps: list[str], past: list[StepRecord]) -> list[str]:

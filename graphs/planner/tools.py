@@ -1,4 +1,4 @@
-"""The executor's tools: read-only SQL only. Nothing here writes or sends anything."""
+"""The executor's SQL tools (read-only by the database role). Nothing here writes or sends anything."""
 
 from __future__ import annotations
 

@@ -27,13 +27,12 @@ from graphs.research.metrics import run_metrics
 from graphs.research.prompts import CRITIC_PROMPT, PLANNER_PROMPT
 from graphs.research.state import State, Todo
 from graphs.tools.fetch import Fetcher, make_fetch_tool
-from graphs.tools.fetchlog import FetchLog, fetch_log_for_store
+from graphs.tools.fetchlog import FetchLog
 from graphs.tools.search import (
-    LocalCorpus,
     SearchProvider,
     make_search_tool,
-    provider_from_settings,
 )
+from graphs.tools.web import web_tools
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -107,9 +106,8 @@ class ResearchTools:
 
 
 def default_tools(store: BaseStore | None, settings: Settings) -> ResearchTools:
-    corpus = LocalCorpus(settings.research_corpus_dir, store=store)
-    fetcher = Fetcher(log=fetch_log_for_store(store), openers={"corpus": corpus.open})
-    return ResearchTools(search=provider_from_settings(settings, corpus), fetcher=fetcher)
+    shared = web_tools(store, settings)
+    return ResearchTools(search=shared.search, fetcher=shared.fetcher)
 
 
 def research_models(settings: Settings) -> Models:
