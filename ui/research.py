@@ -271,6 +271,7 @@ async def review_plan_action(action: cl.Action) -> None:
     """Approve / Edit / Reject: checked like every button, then the paused run is resumed."""
     from ui.chat import _check_action, _pending_interrupts, _run, refuse
     from ui.interrupts import clear_prompt
+    from ui.planner import busy
     from ui.runtime import get_runtime
 
     if (checked := await _check_action(action, PlanReviewPayload)) is None:
@@ -297,7 +298,10 @@ async def review_plan_action(action: cl.Action) -> None:
             )
             return
     await clear_prompt(payload.interrupt_id)
-    await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+    # As for the Planner: an Edit's question ends Chainlit's task early, so the run marks
+    # itself busy and idle again (otherwise the input stays disabled afterwards).
+    async with busy():
+        await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
 
 
 CORPUS_LINK = re.compile(r"\]\(corpus://([a-z0-9_-]+)/([A-Za-z0-9._-]+)\)")

@@ -47,6 +47,9 @@ def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
     expect(page.get_by_text("26 February 2008").first).to_be_visible(timeout=90_000)
 
     expect(page.get_by_text("final_report.pdf").last).to_be_visible()
+    # The run that an Edit resumed marks itself idle again: the input is usable.
+    expect(page.locator("#stop-button")).to_have_count(0)
+    expect(page.locator("#chat-submit")).to_be_visible()
     with page.expect_download() as download_info:
         page.get_by_text("final_report.md").last.click()
     path = tmp_path / "final_report.md"
