@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from graphs.memory.policy import detect_secret
 from graphs.memory.scoped import MissingIdentity, now_iso, user_label
 
 if TYPE_CHECKING:
@@ -13,6 +16,8 @@ if TYPE_CHECKING:
     from langgraph.store.base import BaseStore
 
     from graphs.core.context import Context
+
+log = logging.getLogger("cairn.memory")
 
 PLANS = "plans"
 GOOD_OUTCOMES = frozenset({"answered"})
@@ -63,6 +68,11 @@ class PlanMemory:
         """Plan structure and outcome label only: no results, no rows. Upsert: a re-run node
         writes the same key again instead of a duplicate."""
         steps = [s[:MAX_STEP_CHARS] for s in steps]
+        if any(_personal(text) for text in (goal, *steps)):
+            # A failed write is better than a wrong one: no plan example is worth keeping a
+            # secret, an e-mail address or a phone number in the user's plan memory.
+            log.info("plan summary not kept: the goal or a step holds personal details")
+            return
         quality = "good" if outcome in GOOD_OUTCOMES else "poor"
         value = {
             "content": f"Goal: {goal[:300]}\nSteps: " + " | ".join(steps),
@@ -90,6 +100,18 @@ class PlanMemory:
         while batch := await self._store.asearch(self._namespace, limit=500, offset=len(found)):
             found.extend(batch)
         return found
+
+
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_NUMBER_RUN = re.compile(r"\+?[0-9][0-9 ().-]*[0-9]")
+
+
+def _personal(text: str) -> bool:
+    """Secrets (cards, IDs, keys ...), e-mail addresses and phone-like numbers (10+ digits;
+    a year range such as 2023-2024 is not one)."""
+    if detect_secret(text) is not None or _EMAIL.search(text):
+        return True
+    return any(sum(c.isdigit() for c in run) >= 10 for run in _NUMBER_RUN.findall(text))
 
 
 def summary_key(thread_id: str, goal: str) -> str:

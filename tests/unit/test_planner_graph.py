@@ -548,3 +548,29 @@ def test_older_steps_are_shortened_but_keep_their_figures():
     assert "…(shortened)" in first
     assert "| EMEA | 5 |" in first  # the figures survive the shortening
     assert view.count("x" * 2000) == 3  # the three most recent steps are in full
+
+
+async def test_plan_summaries_with_personal_details_are_not_kept() -> None:
+    from langgraph.store.memory import InMemoryStore
+
+    from graphs.memory.plans import PlanMemory
+
+    store = InMemoryStore()
+    plans = PlanMemory(store, "alice")
+    steps = ["Count churned customers per region", "Rank the regions"]
+    await plans.record(
+        key="a",
+        thread_id="t",
+        goal="Churn by region for 2023-2024",
+        steps=steps,
+        outcome="answered",
+    )
+    for goal in (
+        "Email the churn table to priya@example.com",
+        "Call +44 20 7946 0958 about churn",
+        "Check card 4111 1111 1111 1111 for refunds",
+    ):
+        await plans.record(key=goal, thread_id="t", goal=goal, steps=steps, outcome="answered")
+
+    kept = await store.asearch(("alice", "plans"))
+    assert [item.value["goal"] for item in kept] == ["Churn by region for 2023-2024"]
