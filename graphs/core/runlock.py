@@ -39,15 +39,9 @@ class ThreadRunLocks:
 
     async def _pool(self) -> AsyncConnectionPool[Any]:
         if self._lock_pool is None:
-            self._lock_pool = AsyncConnectionPool(
-                self._app_pool.conninfo,
-                min_size=1,
-                max_size=self._max,
-                open=False,
-                kwargs={"autocommit": True},
-                check=AsyncConnectionPool.check_connection,
-            )
-            await self._lock_pool.open()
+            from graphs.memory.locks import open_lock_pool
+
+            self._lock_pool = await open_lock_pool(self._app_pool, max_size=self._max)
         return self._lock_pool
 
     @asynccontextmanager

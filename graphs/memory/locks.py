@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
 
+async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPool[Any]:
+    """A small autocommit pool for session-level advisory locks, beside the app's pool: a lock
+    holder also needs app connections, and taking both from one pool can deadlock."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        app_pool.conninfo,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True},
+        check=AsyncConnectionPool.check_connection,
+    )
+    await pool.open()
+    return pool
+
+
 class UserLocks(Protocol):
     def hold(self, user_id: str) -> AbstractAsyncContextManager[None]: ...
 
@@ -54,15 +69,7 @@ class PgUserLocks:
 
     async def _pool(self) -> AsyncConnectionPool[Any]:
         if self._lock_pool is None:
-            self._lock_pool = AsyncConnectionPool(
-                self._app_pool.conninfo,
-                min_size=1,
-                max_size=self._max,
-                open=False,
-                kwargs={"autocommit": True},
-                check=AsyncConnectionPool.check_connection,
-            )
-            await self._lock_pool.open()
+            self._lock_pool = await open_lock_pool(self._app_pool, max_size=self._max)
         return self._lock_pool
 
     @asynccontextmanager

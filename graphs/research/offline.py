@@ -11,57 +11,14 @@ from langchain_core.messages.tool import tool_call
 
 from graphs.core.offline import REPLY_PREFIX, OfflineChatModel
 from graphs.research.citations import Claim, normalise_text
+from graphs.tools.search import STOPWORDS, WORD_RE
 
 PLANNER_MARK = "You plan research"
 ORCHESTRATOR_MARK = "You are the research orchestrator"
 RESEARCHER_MARK = "You are a research subagent"
 FETCHES_PER_TOPIC = 2
 FINDINGS_PER_PAGE = 2
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "did",
-        "do",
-        "does",
-        "for",
-        "from",
-        "has",
-        "have",
-        "how",
-        "in",
-        "is",
-        "it",
-        "its",
-        "of",
-        "on",
-        "or",
-        "that",
-        "the",
-        "this",
-        "to",
-        "was",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "why",
-        "will",
-        "with",
-        "research",
-        "write",
-        "notes",
-    ]
-)
+_STOP = STOPWORDS | {"research", "write", "notes"}
 _GUTTER = re.compile(r"^\s*(\d+)(?:\.(\d+))?  ?(.*)$")
 
 
@@ -298,7 +255,7 @@ def _strip_gutter(text: str) -> str:
 
 def _terms(text: str) -> set[str]:
     """Content words, crudely stemmed so "open" meets "opened" and "bee" meets "bees"."""
-    words = (w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 2)
+    words = (w for w in WORD_RE.findall(text.lower()) if w not in _STOP and len(w) > 2)
     return {re.sub(r"(?:ing|ed|es|s)$", "", w) if len(w) > 4 else w for w in words}
 
 

@@ -27,8 +27,8 @@ log = logging.getLogger("cairn.search")
 
 CORPUS_SCHEME = "corpus"
 CORPUS_SUFFIXES = (".md", ".txt", ".html", ".htm", ".pdf")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset(
+WORD_RE = re.compile(r"[a-z0-9]+")
+STOPWORDS = frozenset(
     [
         "a",
         "an",
@@ -164,7 +164,7 @@ class LocalCorpus:
         scored = []
         for doc in self._docs.values():
             counts = Counter(
-                t for w in _WORD.findall(f"{doc.title} {doc.text}".lower()) for t in _terms(w)
+                t for w in WORD_RE.findall(f"{doc.title} {doc.text}".lower()) for t in _terms(w)
             )
             score = sum(
                 (1 + math.log(counts[w])) * math.log(1 + n / df[w]) for w in words if counts[w]
@@ -177,7 +177,7 @@ class LocalCorpus:
 
 def _terms(text: str) -> set[str]:
     """Content words, crudely stemmed so "bee" meets "bees" and "open" meets "opened"."""
-    words = (w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 2)
+    words = (w for w in WORD_RE.findall(text.lower()) if w not in STOPWORDS and len(w) > 2)
     return {re.sub(r"(?:ing|ed|es|s)$", "", w) if len(w) > 4 else w.rstrip("s") for w in words}
 
 
