@@ -138,7 +138,7 @@ async def bench_checkpoints(p: Persistence, turns: int = 500) -> dict[str, Any]:
     """Bytes the checkpointer adds per turn, and turn time, as one thread grows."""
     from langchain_core.messages import HumanMessage
 
-    from graphs.assistant.graph import build_graph
+    from graphs.assistant.graph import DURABILITY, build_graph
     from graphs.assistant.offline import offline_assistant
     from graphs.core.context import Context
 
@@ -151,7 +151,7 @@ async def bench_checkpoints(p: Persistence, turns: int = 500) -> dict[str, Any]:
     for turn in range(1, turns + 1):
         t0 = time.perf_counter()
         message = HumanMessage(f"Turn {turn}: here is a longer message about my plans " * 3)
-        await graph.ainvoke({"messages": [message]}, config, context=context)
+        await graph.ainvoke({"messages": [message]}, config, context=context, durability=DURABILITY)
         times.append((time.perf_counter() - t0) * 1000)
         now = await _thread_bytes(p, thread)
         sizes.append(now - previous)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from graphs.assistant.graph import DURABILITY as ASSISTANT_DURABILITY
 from graphs.assistant.graph import build_graph as build_assistant
 from graphs.planner.graph import build_graph as build_planner
 from graphs.research.graph import build_graph as build_research
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from langgraph.types import Durability
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class Agent:
     """build_graph(*, checkpointer, store, model=None); None while the agent is not built yet."""
     reply_node: str = "assistant"
     """The node whose tokens are streamed as the reply."""
+    durability: Durability = "async"
+    """When runs are checkpointed: after every step, or once when the run ends ("exit")."""
 
 
 AGENTS: tuple[Agent, ...] = (
@@ -32,6 +37,7 @@ AGENTS: tuple[Agent, ...] = (
         profile="Assistant",
         description="A personal assistant that remembers you across conversations.",
         build=build_assistant,
+        durability=ASSISTANT_DURABILITY,
     ),
     Agent(
         key="research",

@@ -156,7 +156,7 @@ async def handle_message(message: cl.Message) -> None:
     agent = agent_for_profile(cl.user_session.get("chat_profile"))
     text = compose(message.content, attachments)
     temporary = bool(cl.user_session.get(TEMPORARY))
-    if not temporary:
+    if not temporary and agent.key == "assistant":
         _prefetch_recall_query(runtime, text)
     try:
         # A thread keeps the agent it was started with, whatever profile the client reports.
@@ -314,7 +314,13 @@ async def _run_locked(
             result = await planner.run_planner(graph, inputs, context=context)
         else:
             runner = run_research_turn if agent.key == "research" else run_turn
-            result = await runner(graph, inputs, context=context, reply_node=agent.reply_node)
+            result = await runner(
+                graph,
+                inputs,
+                context=context,
+                reply_node=agent.reply_node,
+                durability=agent.durability,
+            )
     except GraphRecursionError:
         await cl.Message(
             content="I went round in circles on that one and stopped. Could you rephrase or "

@@ -35,6 +35,7 @@ from graphs.memory.manage import (
 )
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
+from ui.agents import agent_by_key
 
 if TYPE_CHECKING:
     from ui.runtime import AppRuntime
@@ -368,7 +369,9 @@ async def _resume_paused(
                 user_id=user_id, thread_id=thread_id, agent=owned.agent, memory=not owned.temporary
             )
             command: Command[Any] = Command(resume={interrupt_id: {"decision": decision}})
-            result = await graph.ainvoke(command, config, context=context)
+            result = await graph.ainvoke(
+                command, config, context=context, durability=agent_by_key(owned.agent).durability
+            )
     except ThreadBusy as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     reply = next(

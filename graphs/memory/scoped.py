@@ -126,24 +126,38 @@ class ScopedMemory:
         items = await self._store.asearch(self._ns(PROFILE), limit=limit)
         return [Memory.from_item(i) for i in items]
 
+    def prefetch_query(self, query: str) -> None:
+        """Start embedding a search query in the background (one use, nothing cached)."""
+        prefetch = getattr(getattr(self._store, "embeddings", None), "prefetch", None)
+        if prefetch is not None:
+            prefetch(query)
+
     async def recall_batch(
         self, query: str | None, *, limit: int, threshold: float
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
-        """Settings, pinned facts and the facts closest to query, in one store batch."""
-        ops: list[Any] = [
-            GetOp(self._ns(SETTINGS), "prefs"),
-            SearchOp(self._ns(PROFILE), limit=20),
-        ]
+        """Settings, pinned facts and the facts closest to query: two store round trips.
+
+        The first (settings, pinned) runs while the query's embedding, started by
+        `prefetch_query`, is computed in a worker thread; the second is the vector search.
+        """
+        first: list[Any] = list(
+            await self._store.abatch(
+                [
+                    GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
+                    SearchOp(self._ns(PROFILE), limit=20, refresh_ttl=False),
+                ]
+            )
+        )
+        settings_item, profile = first
+        found: list[SearchItem] = []
         if query:
-            ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit))
-        results: list[Any] = list(await self._store.abatch(ops))
-        settings = _settings_from(results[0])
-        pinned = [Memory.from_item(i) for i in results[1]]
-        found: list[SearchItem] = results[2] if query else []
+            (found,) = await self._store.abatch(  # type: ignore[assignment]
+                [SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False)]
+            )
         relevant = [
             Memory.from_item(i) for i in found if i.score is not None and i.score >= threshold
         ]
-        return settings, pinned, relevant
+        return _settings_from(settings_item), [Memory.from_item(i) for i in profile], relevant
 
     async def search(
         self, query: str, *, limit: int, threshold: float, kinds: tuple[str, ...] = (FACTS,)

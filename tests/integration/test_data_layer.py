@@ -121,6 +121,63 @@ async def test_text_with_percent_signs_and_placeholders_is_stored_verbatim(
     assert thread["steps"][0]["metadata"] == {"note": "50% $2"}
 
 
+async def test_a_step_for_an_unknown_thread_or_parent_creates_placeholders(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    # Chainlit may save a step before its thread or parent row exists (late or reordered events).
+    thread_id, parent_id = str(uuid.uuid4()), str(uuid.uuid4())
+    init_http_context(thread_id=thread_id)
+
+    await layer.create_step(step(thread_id, "early", parentId=parent_id))
+
+    thread_sql = 'SELECT count(*) AS n FROM "Thread" WHERE id = %s AND "userId" IS NULL'
+    assert await count(persistence, thread_sql, thread_id) == 1
+    parent_sql = """SELECT count(*) AS n FROM "Step" WHERE id = %s AND type = 'run'"""
+    assert await count(persistence, parent_sql, parent_id) == 1
+    assert await layer.get_thread_author(thread_id) == ""  # a placeholder belongs to nobody
+
+
+async def test_updating_a_step_keeps_what_the_update_leaves_out(layer: PostgresDataLayer) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    first = step(thread_id, "the answer", metadata={"k": "v"}, input="the question")
+    await layer.create_step(first)
+
+    await layer.update_step({**first, "output": "", "input": "", "metadata": {}, "type": "run"})
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    (saved,) = thread["steps"]
+    assert (saved["output"], saved["input"], saved["type"]) == (
+        "the answer",
+        "the question",
+        "user_message",
+    )
+    assert saved["metadata"] == {"k": "v"}
+
+
+async def test_a_late_step_does_not_bring_back_a_deleted_conversation(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    async with persistence.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO cairn_deleted_threads (thread_id) VALUES (%s)", (thread_id,)
+        )
+    await layer.delete_thread(thread_id)
+
+    await layer.create_step(step(thread_id, "arrived after the delete"))
+
+    assert (
+        await count(persistence, 'SELECT count(*) AS n FROM "Thread" WHERE id = %s', thread_id) == 0
+    )
+    steps_sql = 'SELECT count(*) AS n FROM "Step" WHERE "threadId" = %s'
+    assert await count(persistence, steps_sql, thread_id) == 0
+
+
 async def test_list_threads_returns_only_the_users_threads(layer: PostgresDataLayer) -> None:
     alice = await new_user(layer, "alice")
     bob = await new_user(layer, "bob")
