@@ -18,6 +18,11 @@ CHAINLIT_CI_PLACEHOLDER_KEY = "sk-FAKE-OPENAI-API-KEY"
 ModelRole = Literal["chat", "planner", "executor", "researcher", "critic", "memory_writer"]
 
 
+def default_model_cache() -> Path:
+    """The user's cache folder (XDG), where derived files such as exported models go."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cairn"
+
+
 class Settings(BaseSettings):
     """Every knob the app reads. Unsafe combinations are refused, not warned about."""
 
@@ -75,7 +80,7 @@ class Settings(BaseSettings):
     embedding_runtime: Literal["onnx", "torch"] = "onnx"
     """onnx: the local model exported once to onnxruntime (same vectors, ~2x faster);
     torch: sentence-transformers on PyTorch. onnx falls back to torch if the export fails."""
-    model_cache_dir: Path = Field(default_factory=lambda: default_model_cache())
+    model_cache_dir: Path = Field(default_factory=default_model_cache)
     """Where the exported embedding model is kept (shared by every data_dir on the machine)."""
 
     # Long-term memory.
@@ -213,9 +218,5 @@ class Settings(BaseSettings):
 
 
 @lru_cache(maxsize=1)
-def default_model_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cairn"
-
-
 def get_settings() -> Settings:
     return Settings()
