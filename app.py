@@ -5,10 +5,11 @@ import chainlit.server
 from chainlit.server import app
 
 from auth.oauth import oauth_callback
-from ui import chat, research, runtime
+from ui import chat, event_loop, research, runtime
 from ui.data_layer import PostgresDataLayer, require_thread_author
 
 _runtime = runtime.prepare(app)
+event_loop.install()
 
 # Unknown and foreign threads get the same refusal on every Chainlit thread endpoint.
 chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignment]

@@ -7,9 +7,9 @@ import math
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from langgraph.store.base import GetOp, PutOp, SearchItem, SearchOp
+from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
@@ -132,32 +132,40 @@ class ScopedMemory:
         if prefetch is not None:
             prefetch(query)
 
+    def _query_ready(self, query: str) -> bool:
+        ready = getattr(getattr(self._store, "embeddings", None), "is_ready", None)
+        return bool(ready is not None and ready(query))
+
     async def recall_batch(
         self, query: str | None, *, limit: int, threshold: float
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
-        """Settings, pinned facts and the facts closest to query: two store round trips.
+        """Settings, pinned facts and the facts closest to query.
 
-        The first (settings, pinned) runs while the query's embedding, started by
-        `prefetch_query`, is computed in a worker thread; the second is the vector search.
+        One store round trip when the query's embedding is already computed (prefetched as the
+        message arrived); otherwise two, the first (settings, pinned) running while the
+        embedding, started by `prefetch_query`, is computed in a worker thread.
         """
-        first: list[Any] = list(
-            await self._store.abatch(
-                [
-                    GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
-                    SearchOp(self._ns(PROFILE), limit=20, refresh_ttl=False),
-                ]
-            )
-        )
-        settings_item, profile = first
-        found: list[SearchItem] = []
-        if query:
-            (found,) = await self._store.abatch(  # type: ignore[assignment]
-                [SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False)]
-            )
-        relevant = [
-            Memory.from_item(i) for i in found if i.score is not None and i.score >= threshold
+        head: list[Any] = [
+            GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
+            SearchOp(self._ns(PROFILE), limit=20, refresh_ttl=False),
         ]
-        return _settings_from(settings_item), [Memory.from_item(i) for i in profile], relevant
+        search = (
+            [SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False)]
+            if query
+            else []
+        )
+        if search and self._query_ready(query or ""):
+            settings_item, profile, found = await self._store.abatch(head + search)
+        else:
+            settings_item, profile = await self._store.abatch(head)
+            found = (await self._store.abatch(search))[0] if search else []
+        relevant = [
+            Memory.from_item(i)
+            for i in cast("list[SearchItem]", found)
+            if i.score is not None and i.score >= threshold
+        ]
+        pinned = [Memory.from_item(i) for i in cast("list[Item]", profile)]
+        return _settings_from(cast("Item | None", settings_item)), pinned, relevant
 
     async def search(
         self, query: str, *, limit: int, threshold: float, kinds: tuple[str, ...] = (FACTS,)
