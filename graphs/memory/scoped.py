@@ -81,6 +81,20 @@ class MemorySettings:
     """Sensitive categories the user allowed (each write still needs their confirmation)."""
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a memory job weighs, read in one store round trip."""
+
+    settings: MemorySettings
+    memories: list[Memory]
+    tombstones: list[Tombstone]
+    suggestions: list[dict[str, Any]]
+    marker: dict[str, Any]
+
+    def existing(self) -> dict[str, Existing]:
+        return _existing(self.memories)
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -188,10 +202,28 @@ class ScopedMemory:
         return found
 
     async def existing(self) -> dict[str, Existing]:
-        return {
-            m.key: Existing(key=m.key, content=m.content, stated=m.stated)
-            for m in await self.all_memories()
-        }
+        return _existing(await self.all_memories())
+
+    async def snapshot(self, *, marker_for: str | None = None) -> Snapshot:
+        """Settings, every memory, tombstone and suggestion (and a thread's marker) at once."""
+        ops: list[Any] = [
+            GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
+            SearchOp(self._ns(TOMBSTONES), limit=10_000, refresh_ttl=False),
+            SearchOp(self._ns(SUGGESTIONS), limit=1000, refresh_ttl=False),
+            *(SearchOp(self._ns(kind), limit=1000, refresh_ttl=False) for kind in MEMORY_KINDS),
+        ]
+        if marker_for is not None:
+            ops.append(GetOp(self._ns(MARKERS), marker_for, refresh_ttl=False))
+        results: list[Any] = list(await self._store.abatch(ops))
+        marker = results.pop() if marker_for is not None else None
+        settings, tombstones, suggestions, *kinds = results
+        return Snapshot(
+            settings=_settings_from(settings),
+            memories=[Memory.from_item(i) for items in kinds for i in items],
+            tombstones=[_tombstone(i) for i in tombstones],
+            suggestions=[dict(i.value) for i in suggestions],
+            marker=dict(marker.value) if marker is not None else {},
+        )
 
     async def get(self, key: str) -> Memory | None:
         item = await self._store.aget(self._ns(self.kind_for(key)), key)
@@ -225,7 +257,7 @@ class ScopedMemory:
 
     async def tombstones(self) -> list[Tombstone]:
         items = await self._store.asearch(self._ns(TOMBSTONES), limit=10_000)
-        return [Tombstone(key=i.value.get("key"), fact=i.value.get("fact")) for i in items]
+        return [_tombstone(i) for i in items]
 
     async def forget(self, memory: Memory, *, reason: str) -> None:
         """Delete the item and record its tombstone together, under the user lock."""
@@ -272,17 +304,19 @@ class ScopedMemory:
         async with self.locked():
             return await self.sweep_locked()
 
-    async def sweep_locked(self) -> int:
-        """sweep() for a caller that already holds this user's lock."""
+    async def sweep_locked(self, now: Snapshot | None = None) -> int:
+        """sweep() for a caller that already holds this user's lock (and may have just read
+        everything under it: `now`)."""
         from graphs.memory.policy import is_tombstoned
 
         removed = 0
-        tombstones = await self.tombstones()
-        for memory in await self.all_memories():
+        now = now or await self.snapshot()
+        tombstones = now.tombstones
+        for memory in now.memories:
             if is_tombstoned(key=memory.key, content=memory.content, tombstones=tombstones):
                 await self.delete(memory.key)
                 removed += 1
-        for suggestion in await self.suggestions():
+        for suggestion in now.suggestions:
             key, content = str(suggestion.get("key")), str(suggestion.get("content"))
             if is_tombstoned(key=key, content=content, tombstones=tombstones):
                 await self.drop_suggestion(key)
@@ -355,6 +389,14 @@ class ScopedMemory:
     async def save_settings(self, settings: MemorySettings) -> None:
         value = {"enabled": settings.enabled, "opted_in": sorted(settings.opted_in)}
         await self._store.aput(self._ns(SETTINGS), "prefs", value, index=False)
+
+
+def _existing(memories: list[Memory]) -> dict[str, Existing]:
+    return {m.key: Existing(key=m.key, content=m.content, stated=m.stated) for m in memories}
+
+
+def _tombstone(item: Item) -> Tombstone:
+    return Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
 
 
 def _settings_from(item: Item | None) -> MemorySettings:

@@ -17,6 +17,7 @@ from graphs.memory.policy import (
     SENSITIVE_CATEGORIES,
     TOMBSTONED,
     MemoryOps,
+    Tombstone,
     Verdict,
     check_ops,
     is_tombstoned,
@@ -65,18 +66,17 @@ async def write_memories(
     """One job run for (user, thread). user_id was resolved from the session when it was queued."""
     report = WriteReport(run_id=run_id)
     memory = ScopedMemory(store, user_id)
-    if not (settings := await memory.settings()).enabled:
+    now = await memory.snapshot(marker_for=thread_id)
+    if not (settings := now.settings).enabled:
         report.skipped = "memory_off"
         return report
     messages = await load_messages(thread_id)
-    marker = await memory.marker(thread_id)
-    new = _after(messages, marker.get("last_message_id"))
+    new = _after(messages, now.marker.get("last_message_id"))
     report.new_messages = len(new)
     if not new:
         report.skipped = "nothing_new"
         return report
-    existing = await memory.existing()
-    tombstones = await memory.tombstones()
+    existing, tombstones = now.existing(), now.tombstones
     ops = await _propose(model, new[-MAX_NEW_MESSAGES:], existing, tombstones)
     report.proposed = len(ops.ops)
     verdicts = check_ops(ops, existing=existing, tombstones=tombstones, opted_in=settings.opted_in)
@@ -87,8 +87,12 @@ async def write_memories(
         if still_wanted is not None and not await still_wanted():
             report.skipped = "thread_gone"
             return report
-        await _apply(memory, verdicts, source=source, report=report)
-        report.swept = await memory.sweep_locked()
+        # Read under the lock: every forget, edit and write of this user takes it too, so
+        # these tombstones stay current until the batch is done.
+        current = await memory.snapshot()
+        await _apply(memory, verdicts, tombstones=current.tombstones, source=source, report=report)
+        # What was just written passed the same tombstones, so the sweep looks at the rest.
+        report.swept = await memory.sweep_locked(current)
         # Only now, with the whole batch done, does the marker move past these messages.
         await memory.set_marker(thread_id, last_message_id=new[-1].id)
     for reason, count in report.rejected.items():
@@ -130,9 +134,15 @@ async def _propose(
 
 
 async def _apply(
-    memory: ScopedMemory, verdicts: list[Verdict], *, source: dict[str, Any], report: WriteReport
+    memory: ScopedMemory,
+    verdicts: list[Verdict],
+    *,
+    tombstones: list[Tombstone],
+    source: dict[str, Any],
+    report: WriteReport,
 ) -> None:
-    """Write the accepted ops. The caller holds the user's lock, so no forget interleaves."""
+    """Write the accepted ops. The caller holds the user's lock, so no forget interleaves:
+    tombstones, read under that lock, are the current ones for every op of the batch."""
     for verdict in verdicts:
         if not verdict.accepted or verdict.key is None:
             report.rejected[verdict.reason] += 1
@@ -140,7 +150,6 @@ async def _apply(
         op = verdict.op
         # Checked again right before each write: a forget may have landed since the job
         # began (the lock keeps a new one out until this batch is done).
-        tombstones = await memory.tombstones()
         if is_tombstoned(
             key=verdict.key, content=op.content, tombstones=tombstones
         ) or await memory.resembles_forgotten(op.content, tombstones):
