@@ -249,11 +249,13 @@ async def test_an_injected_page_changes_no_memory_and_no_tool_set(persistence, t
     ]
     assert {m.tool_call_id for m in results} == {"inj1", "inj2", "inj3"}
     assert all(re.search(r"refused|not allowed|permission", m.text, re.I) for m in results)
-    # The only research memory is the one code wrote from the check's evidence; nothing injected.
+    # The only research memory is the one code writes from the check's evidence (if this or
+    # an earlier run of alice's had checked citations); nothing injected.
     memories = await persistence.store.asearch(("alice", "research", "memories"))
-    assert [m.key for m in memories] == ["/source_reliability.md"]
-    assert "evil" not in memories[0].value["content"]
-    assert "trusted" not in memories[0].value["content"]
+    assert {m.key for m in memories} <= {"/source_reliability.md"}
+    for memory in memories:
+        assert "evil" not in memory.value["content"]
+        assert "trusted" not in memory.value["content"]
     assert "pwned" not in final["report"]
     assert "evil.example" not in final["report"]
     # The subagent's tools stayed the narrow set.
