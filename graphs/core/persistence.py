@@ -97,11 +97,11 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     conn.adapters.register_dumper(Vector, _VectorDumper)
 
 
-async def _note_return(conn: AsyncConnection[DictRow]) -> None:
+async def note_return(conn: AsyncConnection[DictRow]) -> None:
     _returned_at[conn] = time.monotonic()
 
 
-async def _check_if_idle(conn: AsyncConnection[DictRow]) -> None:
+async def check_if_idle(conn: AsyncConnection[DictRow]) -> None:
     """Ping connections that sat idle, or whose socket has something to say (a terminated
     backend sends its farewell, so the socket turns readable): both cost a round trip only
     when there is a reason to doubt the connection."""
@@ -131,8 +131,8 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
         max_size=max_size,
         open=False,
         configure=_configure,
-        check=_check_if_idle,
-        reset=_note_return,
+        check=check_if_idle,
+        reset=note_return,
         kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
     )
 

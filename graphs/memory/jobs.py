@@ -174,7 +174,8 @@ class MemoryJobs:
         self, context: procrastinate.JobContext, *, user_id: str, thread_id: str
     ) -> None:
         memory = ScopedMemory(self.store, user_id)
-        due_at = float((await memory.marker(thread_id)).get("due_at") or 0)
+        first = await memory.snapshot(marker_for=thread_id)
+        due_at = float(first.marker.get("due_at") or 0)
         if due_at - time.time() > 0.05:
             # The user wrote again since this job was queued: wait for the new idle deadline.
             await self._defer(user_id, thread_id, delay_s=due_at - time.time())
@@ -193,6 +194,7 @@ class MemoryJobs:
                 thread_id=thread_id,
                 run_id=run_id,
                 still_wanted=lambda: self._owns(user_id, thread_id),
+                first=first,
             )
         except InvalidModelOutput as exc:
             log.warning("memory job skipped (invalid model output) user=%s: %s", user_id, exc)

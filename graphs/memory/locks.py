@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
+from graphs.core.persistence import check_if_idle, note_return
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -26,7 +28,10 @@ async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPoo
         max_size=max_size,
         open=False,
         kwargs={"autocommit": True},
-        check=AsyncConnectionPool.check_connection,
+        # As the app's pool: a round trip only for a connection that sat idle or looks dead,
+        # not before every lock (each chat turn and memory job takes one).
+        check=check_if_idle,
+        reset=note_return,
     )
     await pool.open()
     return pool

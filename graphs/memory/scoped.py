@@ -376,8 +376,11 @@ class ScopedMemory:
         item = await self._store.aget(self._ns(MARKERS), thread_id)
         return dict(item.value) if item else {}
 
-    async def set_marker(self, thread_id: str, **fields: Any) -> None:
-        value = {**await self.marker(thread_id), **fields}
+    async def set_marker(
+        self, thread_id: str, *, current: dict[str, Any] | None = None, **fields: Any
+    ) -> None:
+        """Update fields of the thread's marker; current: the marker as just read, if it was."""
+        value = {**(await self.marker(thread_id) if current is None else current), **fields}
         await self._store.aput(self._ns(MARKERS), thread_id, value, index=False)
 
     async def drop_marker(self, thread_id: str) -> None:

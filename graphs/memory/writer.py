@@ -23,7 +23,7 @@ from graphs.memory.policy import (
     is_tombstoned,
 )
 from graphs.memory.prompts import WRITER_PROMPT
-from graphs.memory.scoped import ScopedMemory
+from graphs.memory.scoped import ScopedMemory, Snapshot
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -62,11 +62,15 @@ async def write_memories(
     thread_id: str,
     run_id: str,
     still_wanted: Callable[[], Awaitable[bool]] | None = None,
+    first: Snapshot | None = None,
 ) -> WriteReport:
-    """One job run for (user, thread). user_id was resolved from the session when it was queued."""
+    """One job run for (user, thread). user_id was resolved from the session when it was queued.
+
+    first: this user's snapshot with the thread's marker, if the caller just read it.
+    """
     report = WriteReport(run_id=run_id)
     memory = ScopedMemory(store, user_id)
-    now = await memory.snapshot(marker_for=thread_id)
+    now = first or await memory.snapshot(marker_for=thread_id)
     if not (settings := now.settings).enabled:
         report.skipped = "memory_off"
         return report
@@ -89,12 +93,12 @@ async def write_memories(
             return report
         # Read under the lock: every forget, edit and write of this user takes it too, so
         # these tombstones stay current until the batch is done.
-        current = await memory.snapshot()
+        current = await memory.snapshot(marker_for=thread_id)
         await _apply(memory, verdicts, tombstones=current.tombstones, source=source, report=report)
         # What was just written passed the same tombstones, so the sweep looks at the rest.
         report.swept = await memory.sweep_locked(current)
         # Only now, with the whole batch done, does the marker move past these messages.
-        await memory.set_marker(thread_id, last_message_id=new[-1].id)
+        await memory.set_marker(thread_id, current=current.marker, last_message_id=new[-1].id)
     for reason, count in report.rejected.items():
         log.info("memory op rejected user=%s reason=%s count=%d", user_id, reason, count)
     return report
