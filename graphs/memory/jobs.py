@@ -145,9 +145,10 @@ class MemoryJobs:
     async def message_arrived(self, *, user_id: str, thread_id: str) -> None:
         """Called after each turn with the user_id resolved from the session at request time."""
         memory = ScopedMemory(self.store, user_id)
-        if not (await memory.settings()).enabled:
+        settings, marker = await memory.settings_and_marker(thread_id)
+        if not settings.enabled:
             return
-        await memory.set_marker(thread_id, due_at=time.time() + self.idle_seconds)
+        await memory.set_marker(thread_id, current=marker, due_at=time.time() + self.idle_seconds)
         await self._defer(user_id, thread_id, delay_s=self.idle_seconds)
 
     async def forget_thread(self, *, user_id: str, thread_id: str) -> None:

@@ -386,6 +386,16 @@ class ScopedMemory:
     async def drop_marker(self, thread_id: str) -> None:
         await self._store.adelete(self._ns(MARKERS), thread_id)
 
+    async def settings_and_marker(self, thread_id: str) -> tuple[MemorySettings, dict[str, Any]]:
+        settings, marker = await self._store.abatch(
+            [
+                GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
+                GetOp(self._ns(MARKERS), thread_id, refresh_ttl=False),
+            ]
+        )
+        current = dict(cast("Item", marker).value) if marker is not None else {}
+        return _settings_from(cast("Item | None", settings)), current
+
     async def settings(self) -> MemorySettings:
         return _settings_from(await self._store.aget(self._ns(SETTINGS), "prefs"))
 
