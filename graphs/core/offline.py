@@ -82,6 +82,16 @@ class OfflineChatModel(BaseChatModel):
     ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
 
+    # Answering takes microseconds: no worker thread (the base class's default) for it.
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
+
     # The base class reports each chunk to the callbacks, so the stream methods don't.
     def _stream(
         self,
@@ -127,7 +137,10 @@ class OfflineChatModel(BaseChatModel):
             raw = AIMessage(content=json.dumps(to_jsonable_python(parsed)))
             return {"raw": raw, "parsed": parsed, "parsing_error": None}
 
-        return RunnableLambda(respond, name="OfflineStructuredOutput")
+        async def arespond(model_input: LanguageModelInput) -> Any:
+            return respond(model_input)
+
+        return RunnableLambda(respond, afunc=arespond, name="OfflineStructuredOutput")
 
     def _reply(self, messages: list[BaseMessage]) -> AIMessage:
         last = messages[-1] if messages else None
