@@ -27,11 +27,11 @@ log = logging.getLogger("cairn.embeddings")
 
 
 class Vector(list[float]):
-    """An embedding: a list of floats that Postgres receives as one pgvector literal.
+    """An embedding: a list of floats that Postgres receives as one pgvector value.
 
     psycopg would send a plain list as a float8 array, inspecting each of the 384 numbers
-    (~2 ms per parameter); graphs.core.persistence registers a dumper that writes the
-    `[x,y,...]` text pgvector parses directly.
+    (~2 ms per parameter); graphs.core.persistence registers a dumper that writes it in
+    pgvector's binary format instead.
     """
 
 
