@@ -121,11 +121,6 @@ class LocalMiniLM(Embeddings):
             self._prefetched.pop(next(iter(self._prefetched))).cancel()
         self._prefetched[text] = asyncio.ensure_future(asyncio.to_thread(self.embed_query, text))
 
-    def is_ready(self, text: str) -> bool:
-        """A prefetched vector for text is computed and waiting."""
-        ahead = self._prefetched.get(text)
-        return ahead is not None and ahead.done() and not ahead.cancelled()
-
     async def warm_up(self) -> None:
         await asyncio.to_thread(self._load)
 

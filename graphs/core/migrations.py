@@ -163,7 +163,7 @@ async def migrate(pool: Pool, extra: list[tuple[str, str]] | None = None) -> lis
         for name, sql in [*MIGRATIONS, *(extra or [])]:
             if name in done:
                 continue
-            await conn.execute(sql)
+            await conn.execute(sql, prepare=False)  # a script: may hold several statements
             await conn.execute("INSERT INTO cairn_migrations (name) VALUES (%s)", (name,))
             applied_now.append(name)
     return applied_now

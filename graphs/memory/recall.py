@@ -57,9 +57,6 @@ async def recall(
     """
     started = time.perf_counter()
     searched = bool(query.strip()) and not is_trivial(query)
-    if searched:
-        # The embedding runs in a worker thread while the settings and pinned facts are read.
-        memory.prefetch_query(query)
     settings, pinned, relevant = await memory.recall_batch(
         query if searched else None, limit=limit, threshold=threshold
     )

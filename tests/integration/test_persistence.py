@@ -234,3 +234,31 @@ async def test_a_thread_resumes_after_a_restart_without_duplicated_history(
     assert [m.text for m in messages[::2]] == ["first", "second", "third"]
     assert "third" in messages[-1].text
     assert len({m.id for m in messages}) == 6
+
+
+async def test_a_threads_hot_queries_are_prepared_and_turns_stay_correct(
+    persistence: Persistence, database_url: str
+) -> None:
+    # One connection, so every query below runs on it: the saver's read of the thread and
+    # the store's recall reads are prepared server-side once repeated, and answers are unchanged.
+    pool = make_pool(database_url, min_size=1, max_size=1)
+    await pool.open(wait=True)
+    try:
+        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        graph = build_graph(checkpointer=saver, store=persistence.store, model=OfflineChatModel())
+        config: dict[str, Any] = {"configurable": {"thread_id": "prepared-turns"}}
+        context = Context(user_id="u1", thread_id="prepared-turns")
+        for turn in range(8):
+            await graph.ainvoke(
+                {"messages": [HumanMessage(f"turn {turn}")]}, config, context=context
+            )
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row["statement"] for row in await cur.fetchall()]
+        messages = (await graph.aget_state(config)).values["messages"]
+    finally:
+        await pool.close()
+
+    assert any("from checkpoints" in s and "checkpoint_blobs" in s for s in prepared), prepared
+    assert [m.text for m in messages[::2]] == [f"turn {n}" for n in range(8)]
+    assert all(f"turn {n}" in messages[2 * n + 1].text for n in range(8))
