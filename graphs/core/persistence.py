@@ -31,6 +31,7 @@ from graphs.core.embeddings import (
     check_embedding_record,
 )
 from graphs.core.migrations import migrate
+from graphs.core.store import PipelinedStore
 
 if TYPE_CHECKING:
     from graphs.core.settings import Settings
@@ -209,7 +210,7 @@ async def open_persistence(
         embedding = embedding or build_embeddings(settings)
         await check_embedding_record(pool, embedding)
         checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        store = AsyncPostgresStore(
+        store = PipelinedStore(
             pool,  # type: ignore[arg-type]
             # No item here expires; without this every read also runs an UPDATE of expires_at.
             ttl={"refresh_on_read": False},

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 
+from graphs.core.store import PipelinedStore
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
 
@@ -130,6 +131,13 @@ class ScopedMemory:
         """Serialise this user's memory mutations (across workers with Postgres)."""
         return self._locks.hold(self.user_id)
 
+    async def _read(self, ops: list[Any]) -> list[Any]:
+        """A batch of reads in one round trip. Every namespace built by `_ns` is a leaf (nothing
+        is stored beneath it), so on Postgres it is matched exactly (graphs.core.store)."""
+        if isinstance(self._store, PipelinedStore):
+            return await self._store.aread_exact(ops)
+        return list(await self._store.abatch(ops))
+
     # Memories -----------------------------------------------------------------------------
 
     @staticmethod
@@ -139,6 +147,12 @@ class ScopedMemory:
     async def pinned(self, *, limit: int = 20) -> list[Memory]:
         items = await self._store.asearch(self._ns(PROFILE), limit=limit)
         return [Memory.from_item(i) for i in items]
+
+    def prefetch_query(self, query: str) -> None:
+        """Start embedding a search query in a worker thread (one use, nothing cached)."""
+        prefetch = getattr(getattr(self._store, "embeddings", None), "prefetch", None)
+        if prefetch is not None:
+            prefetch(query)
 
     async def recall_batch(
         self, query: str | None, *, limit: int, threshold: float
@@ -156,7 +170,7 @@ class ScopedMemory:
         ]
         if query:
             ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False))
-        settings_item, profile, *rest = await self._store.abatch(ops)
+        settings_item, profile, *rest = await self._read(ops)
         found = rest[0] if rest else []
         relevant = [
             Memory.from_item(i)
@@ -199,7 +213,7 @@ class ScopedMemory:
         ]
         if marker_for is not None:
             ops.append(GetOp(self._ns(MARKERS), marker_for, refresh_ttl=False))
-        results: list[Any] = list(await self._store.abatch(ops))
+        results: list[Any] = await self._read(ops)
         marker = results.pop() if marker_for is not None else None
         settings, tombstones, suggestions, *kinds = results
         return Snapshot(
@@ -372,7 +386,7 @@ class ScopedMemory:
         await self._store.adelete(self._ns(MARKERS), thread_id)
 
     async def settings_and_marker(self, thread_id: str) -> tuple[MemorySettings, dict[str, Any]]:
-        settings, marker = await self._store.abatch(
+        settings, marker = await self._read(
             [
                 GetOp(self._ns(SETTINGS), "prefs", refresh_ttl=False),
                 GetOp(self._ns(MARKERS), thread_id, refresh_ttl=False),

@@ -1,0 +1,128 @@
+"""graphs.core.store on a real Postgres: pipelined and exact reads give the store's own answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langgraph.store.base import GetOp, PutOp, SearchOp
+from langgraph.store.postgres.aio import AsyncPostgresStore
+
+from graphs.core.persistence import Persistence
+from graphs.core.store import PipelinedStore
+
+pytestmark = pytest.mark.integration
+
+FACTS = {
+    "diet": "User is vegetarian",
+    "city": "User lives in Bengaluru",
+    "manager": "User's manager is Priya",
+    "sport": "User plays badminton on weekends",
+    "pet": "User has a dog named Kofi",
+}
+
+
+@pytest.fixture(scope="module")
+async def seeded(persistence: Persistence) -> Persistence:
+    store = persistence.store
+    for user in ("st-ann", "st-ann%2Ex", "st-bob"):
+        for key, content in FACTS.items():
+            await store.aput(("memories", user, "facts"), key, {"content": f"{content} ({user})"})
+        await store.aput(("memories", user, "profile"), "name", {"content": f"Name {user}"})
+        await store.aput(("memories", user, "settings"), "prefs", {"enabled": True}, index=False)
+    # Beneath ann's facts namespace: the store's prefix search finds it, an exact read must not.
+    await store.aput(("memories", "st-ann", "facts", "deeper"), "x", {"content": "User is vegan"})
+    return persistence
+
+
+def reads(user: str, query: str) -> list[Any]:
+    return [
+        GetOp(("memories", user, "settings"), "prefs", refresh_ttl=False),
+        GetOp(("memories", user, "settings"), "missing", refresh_ttl=False),
+        SearchOp(("memories", user, "profile"), limit=20, refresh_ttl=False),
+        SearchOp(("memories", user, "facts"), query=query, limit=3, refresh_ttl=False),
+    ]
+
+
+def plain_store(persistence: Persistence) -> AsyncPostgresStore:
+    """The library's store on the same tables, as the reference for every answer."""
+    reference = AsyncPostgresStore(
+        persistence.pool,  # type: ignore[arg-type]
+        ttl={"refresh_on_read": False},
+        index=persistence.store.index_config,  # type: ignore[arg-type]
+    )
+    reference.embeddings = persistence.store.embeddings
+    return reference
+
+
+def summary(results: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for result in results:
+        if isinstance(result, list):
+            out.append([(i.namespace, i.key, i.value, round(i.score or 0.0, 5)) for i in result])
+        else:
+            out.append(None if result is None else (result.namespace, result.key, result.value))
+    return out
+
+
+async def test_pipelined_batches_answer_as_the_library_store(seeded: Persistence) -> None:
+    store = seeded.store
+    assert isinstance(store, PipelinedStore)
+    ops = reads("st-bob", "what should I cook tonight?")
+
+    got = await store.abatch(ops)
+    expected = await plain_store(seeded).abatch(ops)
+
+    assert summary(got) == summary(expected)
+    assert got[0] is not None
+    assert got[1] is None
+    assert got[3][0].key == "diet"
+
+
+async def test_exact_reads_answer_as_the_library_store_for_leaf_namespaces(
+    seeded: Persistence,
+) -> None:
+    store = seeded.store
+    assert isinstance(store, PipelinedStore)
+    for user in ("st-ann%2Ex", "st-bob"):
+        for query in ("what should I cook tonight?", "who do I report to", "weekend plans"):
+            ops = reads(user, query)
+            got = await store.aread_exact(ops)
+            expected = await plain_store(seeded).abatch(ops)
+            assert summary(got) == summary(expected), (user, query)
+
+
+async def test_exact_reads_stay_inside_the_users_own_namespace(seeded: Persistence) -> None:
+    store = seeded.store
+    assert isinstance(store, PipelinedStore)
+    got = await store.aread_exact(reads("st-ann", "is the user vegan or vegetarian?"))
+
+    profile, facts = got[2], got[3]
+    namespaces = {item.namespace for item in [*profile, *facts]}
+    assert namespaces <= {("memories", "st-ann", "profile"), ("memories", "st-ann", "facts")}
+    assert all("(st-ann)" in item.value["content"] for item in facts)
+    # The library's prefix search would also have matched the child namespace.
+    loose = await store.asearch(("memories", "st-ann", "facts"), query="User is vegan", limit=10)
+    assert ("memories", "st-ann", "facts", "deeper") in {item.namespace for item in loose}
+
+
+async def test_exact_reads_refuse_filters(seeded: Persistence) -> None:
+    store = seeded.store
+    assert isinstance(store, PipelinedStore)
+    with pytest.raises(ValueError, match="filters"):
+        await store.aread_exact([SearchOp(("memories", "st-bob", "facts"), filter={"a": 1})])
+
+
+async def test_a_batch_that_writes_takes_the_library_path(seeded: Persistence) -> None:
+    store = seeded.store
+    namespace = ("memories", "st-writer", "facts")
+    results = await store.abatch(
+        [
+            PutOp(namespace, "k", {"content": "User is left-handed"}),
+            GetOp(namespace, "k", refresh_ttl=False),
+        ]
+    )
+    assert results[0] is None
+    found = await store.aread_exact([GetOp(namespace, "k", refresh_ttl=False)])
+    assert found[0] is not None
+    assert found[0].value["content"] == "User is left-handed"
