@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from graphs.core.persistence import check_if_idle, note_return
+from graphs.core.persistence import StampingPool, check_if_idle
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPool[Any]:
     """A small autocommit pool for session-level advisory locks, beside the app's pool: a lock
     holder also needs app connections, and taking both from one pool can deadlock."""
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+    pool: AsyncConnectionPool[Any] = StampingPool(
         app_pool.conninfo,
         min_size=1,
         max_size=max_size,
@@ -31,7 +31,6 @@ async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPoo
         # As the app's pool: a round trip only for a connection that sat idle or looks dead,
         # not before every lock (each chat turn and memory job takes one).
         check=check_if_idle,
-        reset=note_return,
     )
     await pool.open()
     return pool
