@@ -137,8 +137,8 @@ async def _exact(p: Persistence, user: str, query: str) -> list[str]:
 async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) -> dict[str, Any]:
     """Bytes the checkpointer adds per turn, and turn time, as a thread grows.
 
-    Three threads advance a turn at a time in turn, so each turn depth is measured 3 times
-    under the same machine conditions: medians over 30 turns, not 10, on a noisy machine.
+    One thread at a time, three times over, so each turn depth is measured 3 times: medians
+    over 30 turns, not 10, on a noisy machine.
     """
     from langchain_core.messages import HumanMessage
 
@@ -154,8 +154,8 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
     times: list[list[float]] = [[] for _ in ids]
     prefetch = p.embedding.embeddings.prefetch  # type: ignore[attr-defined]
     previous = [await _thread_bytes(p, t) for t in ids]
-    for turn in range(1, turns + 1):
-        for i, thread in enumerate(ids):
+    for i, thread in enumerate(ids):
+        for turn in range(1, turns + 1):
             t0 = time.perf_counter()
             message = HumanMessage(f"Turn {turn}: here is a longer message about my plans " * 3)
             # As the app does when a message arrives (ui.chat): the recall query's embedding
@@ -310,8 +310,8 @@ def _print_recall(rec: dict[str, Any]) -> None:
 
 def _print_checkpoints(ck: dict[str, Any]) -> None:
     print(
-        f"Checkpoint growth, {ck['threads']} threads of 500 turns (DeltaChannel messages, bounded"
-        " live window; turns 6-15 and 491-500 of each)"
+        f"Checkpoint growth, one thread of 500 turns, {ck['threads']} times (DeltaChannel messages,"
+        " bounded live window; turns 6-15 and 491-500 of each)"
     )
     print(
         f"  bytes added at turn 10: {ck['bytes_turn_10']:,}   at turn 500: {ck['bytes_turn_500']:,}"
