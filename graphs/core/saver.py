@@ -4,7 +4,11 @@ The library's query joins a checkpoint's channel versions to its thread's blobs;
 estimates the versions at 100 rows and hash-joins them against every blob of the thread, so
 loading a conversation slowed as it grew (0.9 ms at 200 turns, linear after). Here each
 channel's blob is an index lookup on the blobs' primary key (0.2 ms, flat). Same columns, same
-rows: everything else is the library's saver.
+rows.
+
+Two worker-thread hops are also skipped where they only cost (see the methods): decoding a
+checkpoint's pending writes when it has none, and encoding one node's writes. Everything else
+is the library's saver.
 """
 
 from __future__ import annotations
