@@ -47,7 +47,7 @@ _LIST_EXACT = (
 # An item scores by its closest indexed field, as in the store's own search (DISTINCT ON).
 _SEARCH_EXACT = (
     "SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,"
-    " 1 - min(v.embedding <=> %s) AS score"
+    " 1 - min(v.embedding <=> %s::vector) AS score"
     " FROM store s JOIN store_vectors v ON v.prefix = s.prefix AND v.key = s.key"
     " WHERE s.prefix = %s AND (s.expires_at IS NULL OR s.expires_at > now())"
     " GROUP BY s.prefix, s.key ORDER BY score DESC, s.key LIMIT %s OFFSET %s"

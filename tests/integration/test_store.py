@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_core.embeddings import Embeddings
 from langgraph.store.base import GetOp, PutOp, SearchOp
 from langgraph.store.postgres.aio import AsyncPostgresStore
 
@@ -126,3 +127,36 @@ async def test_a_batch_that_writes_takes_the_library_path(seeded: Persistence) -
     found = await store.aread_exact([GetOp(namespace, "k", refresh_ttl=False)])
     assert found[0] is not None
     assert found[0].value["content"] == "User is left-handed"
+
+
+class PlainLists(Embeddings):
+    """Vectors as plain lists of floats, as an OpenAI-compatible embedding client returns."""
+
+    def __init__(self, inner: Embeddings) -> None:
+        self.inner = inner
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [[float(x) for x in v] for v in self.inner.embed_documents(texts)]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+async def test_exact_search_takes_plain_float_vectors(seeded: Persistence) -> None:
+    index = dict(seeded.store.index_config or {})
+    store = PipelinedStore(
+        seeded.pool,  # type: ignore[arg-type]
+        ttl={"refresh_on_read": False},
+        index={
+            "dims": index["dims"],
+            "embed": PlainLists(seeded.store.embeddings),  # type: ignore[arg-type]
+            "fields": ["content"],
+            "distance_type": "cosine",
+        },
+    )
+    ops = reads("st-bob", "what should I cook tonight?")
+
+    got = await store.aread_exact(ops)
+
+    assert summary(got) == summary(await plain_store(seeded).abatch(ops))
+    assert got[3][0].key == "diet"
