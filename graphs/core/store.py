@@ -1,15 +1,13 @@
-"""The long-term memory store: langgraph's Postgres store, with a batch's reads in one round trip.
+"""The long-term memory store: langgraph's Postgres store, plus leaf-namespace reads in one trip.
 
-`AsyncPostgresStore` runs a batch's queries one after another, waiting for each result before
-sending the next. Recall (settings, pinned facts, semantic search) and a memory job's snapshot
-(settings, memories, tombstones, suggestions, marker) are batches of reads only, so here their
-queries all go through the connection's pipeline before the first result is read: one round
-trip per batch instead of one per op. A batch that writes takes the store's path unchanged.
-
-`aread_exact` goes further for namespaces nothing is stored beneath (every namespace
-graphs.memory.scoped reads): equality on the prefix instead of the store's `prefix = ... OR
-prefix LIKE ...`, which Postgres must plan afresh on every call, and a plain read instead of
-the store's get-with-TTL-refresh. `make bench`: a recall batch 4.7 -> 1.9 ms p50.
+`AsyncPostgresStore.abatch` runs a batch's queries one after another, waiting for each result
+before sending the next. Recall (settings, pinned facts, semantic search) and a memory job's
+snapshot (settings, memories, tombstones, suggestions, marker) are batches of reads of
+namespaces nothing is stored beneath (every namespace graphs.memory.scoped builds).
+`aread_exact` sends such a batch through the connection's pipeline in one round trip, with
+equality on the prefix instead of the store's `prefix = ... OR prefix LIKE ...`, which Postgres
+must plan afresh on every call, and a plain read instead of the store's get-with-TTL-refresh.
+`make bench`: a recall batch 4.7 -> 1.9 ms p50. Everything else is the library's store.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from typing import Any, cast
 from langgraph.store.base import GetOp, Result, SearchOp
 from langgraph.store.postgres.aio import AsyncPostgresStore
 from langgraph.store.postgres.base import (
-    PLACEHOLDER,
     Row,
     _decode_ns_bytes,
     _namespace_to_text,
@@ -32,11 +29,9 @@ from psycopg.rows import dict_row
 Statement = tuple[str, Sequence[Any], Callable[[list[Row]], None]]
 """A query, its parameters, and what to do with its rows."""
 
-_READS = frozenset({GetOp, SearchOp})
-
 _GET_EXACT = (
     "SELECT s.key, s.value, s.created_at, s.updated_at FROM store s"
-    " WHERE s.prefix = %s AND s.key = ANY(%s)"
+    " WHERE s.prefix = %s AND s.key = %s"
     " AND (s.expires_at IS NULL OR s.expires_at > now())"
 )
 _LIST_EXACT = (
@@ -55,7 +50,7 @@ _SEARCH_EXACT = (
 
 
 class PipelinedStore(AsyncPostgresStore):
-    """Same queries and results as `AsyncPostgresStore`; read-only batches in one round trip."""
+    """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round trip."""
 
     async def aread_exact(self, ops: Sequence[GetOp | SearchOp]) -> list[Result]:
         """`abatch(ops)` for reads of namespaces that have no child namespaces.
@@ -73,10 +68,8 @@ class PipelinedStore(AsyncPostgresStore):
         statements: list[Statement] = []
         for idx, op in enumerate(ops):
             if isinstance(op, GetOp):
-                params: tuple[Any, ...] = (_namespace_to_text(op.namespace), [op.key])
-                statements.append(
-                    (_GET_EXACT, params, self._items(results, [(idx, op.key)], op.namespace))
-                )
+                params: tuple[Any, ...] = (_namespace_to_text(op.namespace), op.key)
+                statements.append((_GET_EXACT, params, self._item(results, idx, op.namespace)))
                 continue
             if op.filter:
                 msg = "aread_exact does not take filters"
@@ -90,41 +83,6 @@ class PipelinedStore(AsyncPostgresStore):
                 statements.append((_LIST_EXACT, params, self._search_items(results, idx)))
         await self._run_pipelined(statements)
         return results
-
-    async def _execute_batch(
-        self,
-        grouped_ops: dict,
-        results: list[Result],
-        conn: Any = None,
-    ) -> None:
-        if not grouped_ops.keys() <= _READS:
-            await super()._execute_batch(grouped_ops, results, conn)
-            return
-        statements: list[Statement] = []
-        for query, params, namespace, items in self._get_batch_GET_ops_queries(
-            grouped_ops.get(GetOp, [])
-        ):
-            statements.append((query, params, self._items(results, items, namespace)))
-        if SearchOp in grouped_ops:
-            # Embeds the search queries first: no pooled connection is held meanwhile.
-            statements += await self._search_statements(grouped_ops[SearchOp], results)
-        await self._run_pipelined(statements)
-
-    async def _search_statements(
-        self, search_ops: Sequence[tuple[int, SearchOp]], results: list[Result]
-    ) -> list[Statement]:
-        queries, embedding_requests = self._prepare_batch_search_queries(search_ops)
-        if embedding_requests and self.embeddings:
-            vectors = await self.embeddings.aembed_documents([q for _, q in embedding_requests])
-            for (position, _), vector in zip(embedding_requests, vectors, strict=True):
-                params = queries[position][1]
-                for i, value in enumerate(params):
-                    if value is PLACEHOLDER:
-                        params[i] = vector
-        return [
-            (query, params, self._search_items(results, idx))
-            for (idx, _), (query, params) in zip(search_ops, queries, strict=True)
-        ]
 
     async def _run_pipelined(self, statements: Sequence[Statement]) -> None:
         """Send every statement, then read every result: one round trip for the lot."""
@@ -140,18 +98,13 @@ class PipelinedStore(AsyncPostgresStore):
                 fill(cast("list[Row]", await statement.fetchall()))
                 await statement.close()
 
-    def _items(
-        self, results: list[Result], wanted: Sequence[tuple[int, str]], namespace: tuple[str, ...]
+    def _item(
+        self, results: list[Result], idx: int, namespace: tuple[str, ...]
     ) -> Callable[[list[Row]], None]:
-        """Rows of one namespace's get -> an Item (or None) at each wanted (index, key)."""
-
         def fill(rows: list[Row]) -> None:
-            by_key = {row["key"]: row for row in rows}
-            for idx, key in wanted:
-                row = by_key.get(key)
-                results[idx] = (
-                    _row_to_item(namespace, row, loader=self._deserializer) if row else None
-                )
+            results[idx] = (
+                _row_to_item(namespace, rows[0], loader=self._deserializer) if rows else None
+            )
 
         return fill
 

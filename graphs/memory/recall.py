@@ -57,9 +57,6 @@ async def recall(
     """
     started = time.perf_counter()
     searched = bool(query.strip()) and not is_trivial(query)
-    if searched:
-        # Start the embedding now: the store reads the settings before it awaits the vector.
-        memory.prefetch_query(query)
     settings, pinned, relevant = await memory.recall_batch(
         query if searched else None, limit=limit, threshold=threshold
     )

@@ -148,12 +148,6 @@ class ScopedMemory:
         items = await self._store.asearch(self._ns(PROFILE), limit=limit)
         return [Memory.from_item(i) for i in items]
 
-    def prefetch_query(self, query: str) -> None:
-        """Start embedding a search query in a worker thread (one use, nothing cached)."""
-        prefetch = getattr(getattr(self._store, "embeddings", None), "prefetch", None)
-        if prefetch is not None:
-            prefetch(query)
-
     async def recall_batch(
         self, query: str | None, *, limit: int, threshold: float
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:

@@ -1,4 +1,4 @@
-"""graphs.core.store on a real Postgres: pipelined and exact reads give the store's own answers."""
+"""graphs.core.store on a real Postgres: exact reads give the library store's own answers."""
 
 from __future__ import annotations
 
@@ -64,20 +64,6 @@ def summary(results: list[Any]) -> list[Any]:
         else:
             out.append(None if result is None else (result.namespace, result.key, result.value))
     return out
-
-
-async def test_pipelined_batches_answer_as_the_library_store(seeded: Persistence) -> None:
-    store = seeded.store
-    assert isinstance(store, PipelinedStore)
-    ops = reads("st-bob", "what should I cook tonight?")
-
-    got = await store.abatch(ops)
-    expected = await plain_store(seeded).abatch(ops)
-
-    assert summary(got) == summary(expected)
-    assert got[0] is not None
-    assert got[1] is None
-    assert got[3][0].key == "diet"
 
 
 async def test_exact_reads_answer_as_the_library_store_for_leaf_namespaces(
