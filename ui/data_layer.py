@@ -105,6 +105,21 @@ class PostgresDataLayer(ChainlitDataLayer):
         )
         return str(rows[0]["identifier"]) if rows else ""
 
+    async def step_author(self, step_id: str) -> str:
+        """The identifier of who owns the conversation a message is in; "" when there is none."""
+        rows = await self.execute_query(
+            'SELECT u.identifier FROM "Step" s JOIN "Thread" t ON s."threadId" = t.id '
+            'JOIN "User" u ON t."userId" = u.id WHERE s.id = $1 AND t."deletedAt" IS NULL',
+            {"step_id": step_id},
+        )
+        return str(rows[0]["identifier"]) if rows else ""
+
+    async def feedback_step(self, feedback_id: str) -> str | None:
+        rows = await self.execute_query(
+            'SELECT "stepId" FROM "Feedback" WHERE id = $1', {"feedback_id": feedback_id}
+        )
+        return str(rows[0]["stepId"]) if rows else None
+
     async def update_thread(
         self,
         thread_id: str,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chainlit.config import config as chainlit_config
+from chainlit.server import sio
 from fastapi import APIRouter, FastAPI
 
 from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
@@ -27,10 +28,12 @@ from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
 from graphs.planner.sql import migrations as planner_migrations
+from ui import chainlit_patches
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.privacy import Privacy
+from ui.request_guard import RequestGuard
 from ui.research import corpus_router
 
 if TYPE_CHECKING:
@@ -88,6 +91,9 @@ def prepare(app: FastAPI) -> AppRuntime:
     _apply_chainlit_settings(settings, port)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
     app.add_middleware(EndedSessionGuard, secret=auth_secret, revocations=_revocations)
+    app.add_middleware(RequestGuard)
+    chainlit_patches.install(sio)
+    chainlit_patches.relocate_files(settings.data_dir / "files")
 
     url = (
         settings.database_url.get_secret_value()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import httpx
+import psycopg
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import login
+from tests.e2e.conftest import login, wait_until_connected
 
 pytestmark = pytest.mark.e2e
 
@@ -58,4 +60,47 @@ def test_second_user_cannot_see_or_open_first_users_conversation(app_server, bro
         assert "alice private canary 7731" in mine.text
         assert mine.json()["name"] != "pwned"
     alice.context.close()
+    bob.context.close()
+
+
+def _thread_steps(database_url: str, thread_id: str) -> list[str]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            'SELECT coalesce(output, \'\') FROM "Step" WHERE "threadId" = %s', (thread_id,)
+        ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+def _opened(page, url: str) -> str:
+    """What the page shows once the chat has started at url (toasts gone)."""
+    page.goto(url)
+    wait_until_connected(page)
+    page.wait_for_timeout(6000)
+    return page.locator("body").inner_text()
+
+
+def test_another_users_thread_url_looks_like_a_missing_one(app_server, browser):
+    alice = login(browser, app_server, "alice")
+    alice.locator("#chat-input").fill("alice diary 4410")
+    alice.keyboard.press("Enter")
+    expect(alice.get_by_text("You said: alice diary 4410")).to_be_visible()
+    alice.wait_for_url(THREAD_URL)
+    thread_id = THREAD_URL.match(alice.url).group(1)
+    alice.context.close()
+    before = _thread_steps(app_server.database_url, thread_id)
+
+    bob = login(browser, app_server, "bob")
+    missing = _opened(bob, f"{app_server.url}/thread/{uuid.uuid4()}")
+    foreign = _opened(bob, f"{app_server.url}/thread/{thread_id}")
+    assert foreign == missing
+    expect(bob.get_by_text("Could not reach the server")).to_have_count(0)
+    expect(bob.get_by_text("alice diary 4410")).to_have_count(0)
+
+    # The composer works and the message starts bob's own conversation.
+    bob.locator("#chat-input").fill("bob writes here")
+    bob.keyboard.press("Enter")
+    expect(bob.get_by_text("You said: bob writes here")).to_be_visible()
+    bob.wait_for_url(THREAD_URL)
+    assert THREAD_URL.match(bob.url).group(1) != thread_id
+    assert _thread_steps(app_server.database_url, thread_id) == before
     bob.context.close()
