@@ -49,8 +49,12 @@ async def chat_profiles(user: cl.User | None = None) -> list[cl.ChatProfile]:
 H = TypeVar("H", bound=Callable[..., Awaitable[None]])
 
 
-def refuses_ended_sessions(handler: H) -> H:
-    """A chat event from a session ended by an account wipe gets a notice and nothing else."""
+HANDLER_FAILED = "Something went wrong on the server, and nothing was changed. Please try again."
+
+
+def chat_handler(handler: H) -> H:
+    """Every chat event: a session ended by an account wipe gets a notice and nothing else, and
+    an unexpected error gets a fixed message (Chainlit would show the exception's own text)."""
 
     @functools.wraps(handler)
     async def guarded(*args: Any, **kwargs: Any) -> None:
@@ -58,6 +62,9 @@ def refuses_ended_sessions(handler: H) -> H:
             await handler(*args, **kwargs)
         except SessionRevoked as exc:
             await refuse(str(exc))
+        except Exception:
+            log.exception("chat handler %s failed", handler.__name__)
+            await refuse(HANDLER_FAILED)
 
     return cast("H", guarded)
 
@@ -68,7 +75,7 @@ TEMPORARY_NOTICE = (
 )
 
 
-@refuses_ended_sessions
+@chat_handler
 async def start_chat() -> None:
     runtime = get_runtime()
     await _session_user_id()
@@ -89,7 +96,7 @@ async def _chat_settings(*, temporary: bool) -> None:
     await cl.ChatSettings(widgets).send()
 
 
-@refuses_ended_sessions
+@chat_handler
 async def update_settings(values: dict[str, Any]) -> None:
     """Temporary chat turns on at any time (a queued memory job of the thread is cancelled)
     and never back off: earlier temporary messages must not reach memory later."""
@@ -119,7 +126,7 @@ async def _session_user_id() -> str:
     return user_id
 
 
-@refuses_ended_sessions
+@chat_handler
 async def resume_chat(thread: ThreadDict) -> None:
     """Chainlit already checked its own record; the LangGraph thread is checked here too.
 
@@ -140,7 +147,7 @@ async def resume_chat(thread: ThreadDict) -> None:
         show_after_resume(await _pending_interrupts(graph, thread["id"]), thread_id=thread["id"])
 
 
-@refuses_ended_sessions
+@chat_handler
 async def handle_message(message: cl.Message) -> None:
     runtime = get_runtime()
     user_id = await _session_user_id()
@@ -225,7 +232,7 @@ async def _check_action(action: cl.Action, model: type[P]) -> CheckedAction[P] |
     return CheckedAction(payload=payload, agent=agent, context=context)
 
 
-@refuses_ended_sessions
+@chat_handler
 async def retry_turn(action: cl.Action) -> None:
     if (checked := await _check_action(action, RetryPayload)) is None:
         return
@@ -234,7 +241,7 @@ async def retry_turn(action: cl.Action) -> None:
     await _run(checked.agent, None, checked.context)
 
 
-@refuses_ended_sessions
+@chat_handler
 async def resume_interrupt(action: cl.Action) -> None:
     """A button answering a paused run: checked against the session, the thread and the pause."""
     if (checked := await _check_action(action, ResumePayload)) is None:
@@ -251,7 +258,7 @@ async def resume_interrupt(action: cl.Action) -> None:
     await _run(agent, command, checked.context)
 
 
-@refuses_ended_sessions
+@chat_handler
 async def review_plan(action: cl.Action) -> None:
     """Approve / Edit / Reject under a pending plan: the same checks as every other button."""
     if (checked := await _check_action(action, planner.PlanReviewPayload)) is None:

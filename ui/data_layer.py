@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from chainlit.context import ChainlitContextException, context
 from chainlit.data.chainlit_data_layer import ISO_FORMAT, ChainlitDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.step import StepDict
@@ -58,9 +59,23 @@ ON CONFLICT (id) DO UPDATE SET
     "startTime" = LEAST(EXCLUDED."startTime", "Step"."startTime"),
     "showInput" = COALESCE(EXCLUDED."showInput", "Step"."showInput"),
     "isError" = COALESCE(EXCLUDED."isError", "Step"."isError")
+WHERE "Step"."threadId" IS NULL OR "Step"."threadId" = EXCLUDED."threadId"
 """
 """chainlit.data.chainlit_data_layer.ChainlitDataLayer.create_step's upsert, same columns and
-conflict rules, with its thread and parent look-ups folded in."""
+conflict rules, with its thread and parent look-ups folded in. A client picks its own message
+ids, so an update never reaches a step of another conversation (Chainlit's would move it)."""
+
+_DELETE_STEP = """
+WITH step AS (
+    SELECT id FROM "Step" WHERE id = %(step_id)s AND "threadId" = %(thread_id)s
+), elements AS (
+    DELETE FROM "Element" WHERE "stepId" IN (SELECT id FROM step)
+), feedback AS (
+    DELETE FROM "Feedback" WHERE "stepId" IN (SELECT id FROM step)
+)
+DELETE FROM "Step" WHERE id IN (SELECT id FROM step)
+"""
+"""ChainlitDataLayer.delete_step, limited to the session's own conversation."""
 
 
 class PostgresDataLayer(ChainlitDataLayer):
@@ -178,6 +193,17 @@ class PostgresDataLayer(ChainlitDataLayer):
         except psycopg.errors.ForeignKeyViolation:
             # The conversation was deleted while this step was on its way: drop the step.
             log.info("step %s dropped: its conversation is gone", step_dict.get("id"))
+
+    async def delete_step(self, step_id: str) -> None:
+        """Only a step of the session's conversation: the id of a refused message is the
+        client's, and may name a message in someone else's conversation."""
+        try:
+            thread_id = context.session.thread_id
+        except ChainlitContextException:
+            log.warning("refused: step %s deleted outside a chat session", step_id)
+            return
+        async with self._pool.connection() as conn:
+            await conn.execute(_DELETE_STEP, {"step_id": step_id, "thread_id": thread_id})
 
     async def delete_thread(self, thread_id: str) -> None:
         """Chainlit's rows, and first everything else the conversation left behind.

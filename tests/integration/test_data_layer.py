@@ -10,7 +10,7 @@ from typing import Any
 import chainlit.data
 import pytest
 from chainlit.context import init_http_context
-from chainlit.types import Pagination, ThreadFilter
+from chainlit.types import Feedback, Pagination, ThreadFilter
 from chainlit.user import PersistedUser, User
 from fastapi import HTTPException
 
@@ -272,3 +272,54 @@ async def test_a_thread_without_an_owner_belongs_to_nobody(layer: PostgresDataLa
         await require_thread_author(mallory.identifier, thread_id)
 
     assert caught.value.status_code == 404
+
+
+async def test_a_message_id_from_another_conversation_changes_nothing_there(
+    layer: PostgresDataLayer,
+) -> None:
+    """Clients pick their message ids: Bob reusing the id of Alice's message neither rewrites
+    it nor moves it into his conversation."""
+    alice, bob = await new_user(layer, "alice"), await new_user(layer, "bob")
+    alices, bobs = await new_thread(layer, alice), await new_thread(layer, bob)
+    init_http_context(thread_id=alices)
+    original = step(alices, "Alice's own words")
+    await layer.create_step(original)
+
+    init_http_context(thread_id=bobs)
+    await layer.create_step({**original, "threadId": bobs, "output": "Bob's words"})
+    await layer.update_step({**original, "threadId": bobs, "output": "Bob again"})
+
+    thread = await layer.get_thread(alices)
+    assert thread is not None
+    assert [(s["id"], s["output"]) for s in thread["steps"]] == [
+        (original["id"], "Alice's own words")
+    ]
+    bobs_thread = await layer.get_thread(bobs)
+    assert bobs_thread is not None
+    assert bobs_thread["steps"] == []
+
+
+async def test_removing_a_message_reaches_only_the_sessions_conversation(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    """A refused message is removed by its client-chosen id; that id may be Alice's message."""
+    alice, bob = await new_user(layer, "alice"), await new_user(layer, "bob")
+    alices, bobs = await new_thread(layer, alice), await new_thread(layer, bob)
+    init_http_context(thread_id=alices)
+    hers = step(alices, "keep me")
+    await layer.create_step(hers)
+    await layer.upsert_feedback(Feedback(forId=hers["id"], value=1, comment="useful"))
+
+    init_http_context(thread_id=bobs)
+    await layer.delete_step(hers["id"])
+
+    sql = 'SELECT count(*) AS n FROM "Step" WHERE id = %s'
+    assert await count(persistence, sql, hers["id"]) == 1
+    sql = 'SELECT count(*) AS n FROM "Feedback" WHERE "stepId" = %s'
+    assert await count(persistence, sql, hers["id"]) == 1
+
+    init_http_context(thread_id=alices)
+    await layer.delete_step(hers["id"])
+    assert await count(persistence, sql, hers["id"]) == 0
+    sql = 'SELECT count(*) AS n FROM "Step" WHERE id = %s'
+    assert await count(persistence, sql, hers["id"]) == 0
