@@ -27,11 +27,13 @@ from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
 from graphs.planner.sql import migrations as planner_migrations
+from ui import output_guard
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.privacy import Privacy
 from ui.research import corpus_router
+from ui.security_headers import SecurityHeaders, chainlit_policy
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -88,6 +90,10 @@ def prepare(app: FastAPI) -> AppRuntime:
     _apply_chainlit_settings(settings, port)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
     app.add_middleware(EndedSessionGuard, secret=auth_secret, revocations=_revocations)
+    app.add_middleware(
+        SecurityHeaders, policy=chainlit_policy(public_url, settings.image_allowed_origins)
+    )
+    output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
 
     url = (
         settings.database_url.get_secret_value()
