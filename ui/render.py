@@ -390,12 +390,12 @@ def _rewrite(text: str, policy: RenderPolicy) -> str:
             out.append(lines[r])
             r += 1
             continue
-        index = owner.get(r)
+        block = owner.get(r)
         group = [r]
-        while index is not None and owner.get(group[-1] + 1) == index:
+        while block is not None and owner.get(group[-1] + 1) == block:
             group.append(group[-1] + 1)
         # Lines no block claimed (link reference definitions, rules) are scanned one by one.
-        cells = blocks.inline[index][2] if index is not None else False
+        cells = blocks.inline[block][2] if block is not None else False
         out.append(_Scanner(policy, cells=cells).rewrite("\n".join(lines[g] for g in group)))
         r = group[-1] + 1
     return "\n".join(out)
