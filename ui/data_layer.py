@@ -14,11 +14,13 @@ from chainlit.context import ChainlitContextException, context
 from chainlit.data.chainlit_data_layer import ISO_FORMAT, ChainlitDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.step import StepDict
+from chainlit.types import ThreadDict
 from fastapi import HTTPException
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
 from auth.ownership import NOT_FOUND
+from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -112,6 +114,13 @@ class PostgresDataLayer(ChainlitDataLayer):
                 return []
             return await cur.fetchall()
 
+    async def get_thread(self, thread_id: str) -> ThreadDict | None:
+        """Chainlit's thread, its steps sanitised again (rows stored before sanitising existed)."""
+        thread = await super().get_thread(thread_id)
+        if thread is not None and thread.get("steps"):
+            thread["steps"] = [sanitise_step(step) for step in thread["steps"]]
+        return thread
+
     async def get_thread_author(self, thread_id: str) -> str:
         rows = await self.execute_query(
             'SELECT u.identifier FROM "Thread" t JOIN "User" u ON t."userId" = u.id '
@@ -172,6 +181,8 @@ class PostgresDataLayer(ChainlitDataLayer):
         foreign keys, checked at the end of the statement, see them. A conversation deleted
         in the last day is not brought back: its step fails the thread key and is dropped.
         """
+        # Stored steps are shown again on every reopen: what is kept is already inert.
+        step_dict = sanitise_step(step_dict)
         created = step_dict.get("createdAt")
         timestamp = datetime.strptime(created, ISO_FORMAT) if created else datetime.now()
         params = {

@@ -343,6 +343,11 @@ def chart_element(table: Table) -> cl.Plotly | None:
     return cl.Plotly(name=figure.layout.title.text, figure=figure, display="inline")
 
 
+def plain(text: str) -> str:
+    """Chart text without angle brackets, so no tag Plotly understands can be formed."""
+    return text.replace("<", "‹").replace(">", "›")
+
+
 def bar_chart(table: Table) -> Any:
     """A bar chart of one number per category (e.g. churned customers by region), or None."""
     shape = table.numeric_by_category()
@@ -350,7 +355,9 @@ def bar_chart(table: Table) -> Any:
         return None
     from plotly import graph_objects as go
 
-    label_column, value_column, labels, values = shape
+    # Plotly renders <a href> (and other tags) inside its texts: query data is shown as text only.
+    label_column, value_column = plain(shape[0]), plain(shape[1])
+    labels, values = [plain(str(label)) for label in shape[2]], shape[3]
     figure = go.Figure(go.Bar(x=labels, y=values, marker_color="#3b6e8f"))
     figure.update_layout(
         title=f"{value_column} by {label_column}",

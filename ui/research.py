@@ -13,8 +13,10 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from graphs.research.citations import CITATION, claim_lines
 from graphs.research.graph import MAX_TODOS, PlanDecision, slug
 from graphs.tools.search import LocalCorpus
+from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_report
 from ui.report_pdf import report_pdf
 from ui.streaming import TurnResult
 
@@ -207,7 +209,10 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
         await message.send()
         return message
     report = served_links(report, _public_url())
-    message = cl.Message(content="")
+    cited = cited_urls(report)
+    # The user's copies (inline, .md, .pdf) are the sanitised text; cited pages keep their links.
+    report = sanitise_report(report, cited)
+    message = cl.Message(content="", metadata={TRUSTED_LINKS_KEY: cited})
     for chunk in re.findall(r"\S+\s*|\s+", report):
         await message.stream_token(chunk)
     title = next((ln.lstrip("# ") for ln in report.splitlines() if ln.startswith("# ")), "")
@@ -321,6 +326,13 @@ CurrentUser = Annotated[Any, Depends(get_current_user)]
 def served_links(report: str, base_url: str) -> str:
     """The user's copy of a checked report: corpus:// sources as links to where the app serves them."""
     return CORPUS_LINK.sub(lambda m: f"]({base_url}{CORPUS_ROUTE}/{m[1]}/{m[2]})", report)
+
+
+def cited_urls(report: str) -> list[str]:
+    """URLs cited on the checked report's claim lines: each one was fetched by this thread."""
+    return list(
+        dict.fromkeys(m["url"] for _, line in claim_lines(report) for m in CITATION.finditer(line))
+    )
 
 
 def _public_url() -> str:

@@ -28,13 +28,14 @@ from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.jobs import migrations as memory_job_migrations
 from graphs.planner.sql import migrations as planner_migrations
-from ui import chainlit_patches
+from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.privacy import Privacy
 from ui.request_guard import RequestGuard
 from ui.research import corpus_router
+from ui.security_headers import SecurityHeaders, chainlit_policy
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -92,8 +93,12 @@ def prepare(app: FastAPI) -> AppRuntime:
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
     app.add_middleware(EndedSessionGuard, secret=auth_secret, revocations=_revocations)
     app.add_middleware(RequestGuard)
+    app.add_middleware(
+        SecurityHeaders, policy=chainlit_policy(public_url, settings.image_allowed_origins)
+    )
     chainlit_patches.install(sio)
     chainlit_patches.relocate_files(settings.data_dir / "files")
+    output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
 
     url = (
         settings.database_url.get_secret_value()

@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     """How long a login lasts."""
     allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Origins allowed to call the app (comma separated). Empty: public_url only."""
+    image_allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Origins model-written Markdown may show images from (comma separated); besides the app's own, none."""
     local_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Seeded accounts for the bundled login, 'name:password' comma separated."""
     local_signup: bool = True
@@ -159,7 +161,9 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("allow_origins", "local_users", "upload_mime_types", mode="before")
+    @field_validator(
+        "allow_origins", "image_allowed_origins", "local_users", "upload_mime_types", mode="before"
+    )
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

@@ -48,6 +48,8 @@ class AppServer:
     port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Set last (e.g. OPENAI_BASE_URL/OPENAI_API_KEY for a test model server)."""
 
     @property
     def url(self) -> str:
@@ -65,6 +67,7 @@ class AppServer:
         env.pop("OPENAI_API_KEY", None)
         # Chainlit's CI mode exports a fake OpenAI key; the app must still pick the offline model.
         env["CI"] = "true"
+        env.update(self.extra_env)
         self.log_path = self.data_dir / f"server-{int(time.time() * 1000)}.log"
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
