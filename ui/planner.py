@@ -15,7 +15,7 @@ from langgraph.errors import GraphRecursionError
 from pydantic import BaseModel, ConfigDict
 
 from graphs.planner.sql import Table, markdown_tables
-from graphs.planner.state import step_parts
+from graphs.planner.state import step_failed, step_parts
 from ui.interrupts import remember_prompt
 from ui.streaming import TurnResult
 
@@ -285,8 +285,9 @@ async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgres
     elif node == "execute_step":
         for record in update.get("past_steps", []):
             index, step, result = step_parts(record)
-            ok = not result.startswith("ERROR")
-            async with cl.Step(name=f"Step {index}: {step}", type="tool") as shown:
+            ok = not step_failed(result)
+            name = f"Step {index}: {step}" if ok else f"Step {index} failed: {step}"
+            async with cl.Step(name=name, type="tool") as shown:
                 shown.output = result
                 shown.is_error = not ok
             await progress.step_done(step, ok)
