@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.messages.tool import tool_call
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
+from pydantic import ValidationError
 
 from graphs.core.context import Context
 from graphs.core.settings import Settings
@@ -161,3 +163,30 @@ def test_task_refusals_are_decided_by_code_and_recognisable():
     assert refusal_reason(f"{REFUSED}the topic is not approved.") == "the topic is not approved."
     assert refusal_reason("We cannot invoke subagent evil because it does not exist, ...")
     assert refusal_reason("Wrote notes/x.md with 3 findings.") is None
+
+
+async def test_edited_topics_become_the_todo_list_verbatim():
+    from graphs.research.graph import PlanDecision
+    from graphs.research.offline import PLANNER_MARK
+
+    HostileOrchestrator.seen.clear()
+    graph = build_graph(
+        checkpointer=InMemorySaver(),
+        store=InMemoryStore(),
+        model=HostileOrchestrator(structured_responder=_structured),
+        tools=tools(),
+        settings=Settings(openai_api_key=None, research_critique_rounds=0),
+    )
+    config = {"configurable": {"thread_id": "t-edit"}, "recursion_limit": 150}
+    context = Context(user_id="alice", thread_id="t-edit", agent="research")
+    await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, config, context=context)
+    edited = ["  When did the Svalbard seed vault open  "]
+    final = await graph.ainvoke(
+        Command(resume={"decision": "edit", "todos": edited}), config, context=context
+    )
+    assert [t["content"] for t in final["todos"]] == ["When did the Svalbard seed vault open"]
+    planner_calls = [c for c in HostileOrchestrator.seen if PLANNER_MARK in str(c[0].text)]
+    assert len(planner_calls) == 1  # the edit never went back to the planner model
+    for blank in (["   "], ["ok topic", "      "]):
+        with pytest.raises(ValidationError):
+            PlanDecision.model_validate({"decision": "edit", "todos": blank})
