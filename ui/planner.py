@@ -15,7 +15,7 @@ from langgraph.errors import GraphRecursionError
 from pydantic import BaseModel, ConfigDict
 
 from graphs.planner.sql import Table, markdown_tables
-from graphs.planner.state import step_parts
+from graphs.planner.state import step_failed, step_parts
 from ui.interrupts import remember_prompt
 from ui.streaming import TurnResult
 
@@ -284,12 +284,7 @@ async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgres
         await progress.show(status="Running")
     elif node == "execute_step":
         for record in update.get("past_steps", []):
-            index, step, result = step_parts(record)
-            ok = not result.startswith("ERROR")
-            async with cl.Step(name=f"Step {index}: {step}", type="tool") as shown:
-                shown.output = result
-                shown.is_error = not ok
-            await progress.step_done(step, ok)
+            await show_step(record, progress)
     elif node == "replan" and "plan" in update and not update.get("response"):
         progress.remaining = list(update["plan"])
         progress.running = not update.get("needs_review")
@@ -303,6 +298,17 @@ async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgres
             await progress.show(status=status)
         return str(update["response"])
     return ""
+
+
+async def show_step(record: Any, progress: PlanProgress) -> None:
+    """One executed step as a collapsible step; a failed one says so in its title too."""
+    index, step, result = step_parts(record)
+    ok = not step_failed(result)
+    name = f"Step {index}: {step}" if ok else f"Step {index} failed: {step}"
+    async with cl.Step(name=name, type="tool") as shown:
+        shown.output = result
+        shown.is_error = not ok
+    await progress.step_done(step, ok)
 
 
 async def _send_answer(

@@ -13,6 +13,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.citations import CITATION, claim_lines
 from graphs.research.graph import MAX_TODOS, PlanDecision, slug
 from graphs.tools.search import LocalCorpus
@@ -44,6 +45,13 @@ def _status(status: str) -> cl.TaskStatus:
     }.get(status, cl.TaskStatus.READY)
 
 
+HIDDEN_TASK = "Refused: a research task"
+
+
+def _topic(description: str) -> str:
+    return description.removeprefix("Research: ").split(". Write notes to")[0][:80]
+
+
 class PlanReviewPayload(BaseModel):
     """A plan-review button: which paused run of the session's thread, and what the user chose."""
 
@@ -61,6 +69,7 @@ class ResearchView:
         self.tasks = cl.TaskList(status="Researching")
         self.by_slug: dict[str, cl.Task] = {}
         self.steps: dict[str, cl.Step] = {}
+        self.descriptions: dict[str, str] = {}
         self.sent = False
 
     async def set_todos(self, todos: list[dict[str, Any]]) -> None:
@@ -76,18 +85,25 @@ class ResearchView:
 
     async def task_started(self, call: dict[str, Any]) -> None:
         description = str(call["args"].get("description", ""))
-        topic = description.removeprefix("Research: ").split(". Write notes to")[0]
-        step = cl.Step(name=f"Researching: {topic[:80]}", type="tool", default_open=False)
+        step = cl.Step(name=f"Researching: {_topic(description)}", type="tool", default_open=False)
         step.input = description
+        if task_refusal(description, None) is not None:
+            # Hostile or oversized text is never echoed, not even as the step's title.
+            step.name, step.input = HIDDEN_TASK, ""
         await step.send()
         self.steps[call["id"]] = step
+        self.descriptions[call["id"]] = description
         if (task := self._task_for(description)) is not None:
             task.status = cl.TaskStatus.RUNNING
             await self._show()
 
     async def task_finished(self, message: ToolMessage, files: dict[str, Any]) -> None:
         step = self.steps.pop(message.tool_call_id, None)
+        description = self.descriptions.pop(message.tool_call_id, "")
         if step is None:
+            return
+        if (why := refusal_reason(str(message.text))) is not None:
+            await self._refused(step, description, why)
             return
         notes = {p: d for p, d in files.items() if p.startswith("/notes/")}
         findings = sum(str(d.get("content", "")).count("## Finding") for d in notes.values())
@@ -102,6 +118,17 @@ class ResearchView:
         await step.update()
         if (task := self._task_for(str(step.input))) is not None:
             task.status = cl.TaskStatus.DONE
+            await self._show()
+
+    async def _refused(self, step: cl.Step, description: str, why: str) -> None:
+        """A task code refused: shown as refused, with why, never as research that ran."""
+        if step.name != HIDDEN_TASK:
+            step.name = f"Refused: {_topic(description)}"
+        step.output = f"Not run: {why}"
+        step.is_error = True
+        await step.update()
+        if (task := self._task_for(description)) is not None:
+            task.status = cl.TaskStatus.FAILED
             await self._show()
 
     def _task_for(self, description: str) -> cl.Task | None:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphs.memory.policy import detect_secret
+from graphs.memory.policy import detect_secret, has_injection_marker
 from graphs.memory.scoped import MissingIdentity, now_iso, user_label
 
 if TYPE_CHECKING:
@@ -21,8 +21,14 @@ log = logging.getLogger("cairn.memory")
 
 PLANS = "plans"
 GOOD_OUTCOMES = frozenset({"answered"})
+OUTCOMES = frozenset({"answered", "partial", "rejected", "failed"})
 MAX_EXAMPLES = 3
 MAX_STEP_CHARS = 160
+"""Stored steps are cut to this: examples show a plan's shape, not its wording."""
+MAX_CHECKED_STEP_CHARS = 500
+"""A longer step (the review's own limit) is refused, not cut: it was never a reviewable step."""
+MAX_STORED_STEPS = 12
+MAX_GOAL_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class PlanMemory:
         """A few past plans closest to the goal, good outcomes first."""
         items = await self._store.asearch(self._namespace, query=goal, limit=limit * 3)
         plans = [_past_plan(item.value, getattr(item, "score", None)) for item in items]
+        # Checked again on the way out: a row written before these checks (or by anything
+        # else) never reaches the planner's prompt unless it would pass them today.
+        plans = [p for p in plans if summary_problem(p.goal, p.steps) is None]
         plans.sort(key=lambda p: (p.quality == "good", p.score or 0.0), reverse=True)
         return plans[:limit]
 
@@ -66,17 +75,18 @@ class PlanMemory:
         self, *, key: str, thread_id: str, goal: str, steps: list[str], outcome: str
     ) -> None:
         """Plan structure and outcome label only: no results, no rows. Upsert: a re-run node
-        writes the same key again instead of a duplicate."""
-        steps = [s[:MAX_STEP_CHARS] for s in steps]
-        if any(_personal(text) for text in (goal, *steps)):
-            # A failed write is better than a wrong one: no plan example is worth keeping a
-            # secret, an e-mail address or a phone number in the user's plan memory.
-            log.info("plan summary not kept: the goal or a step holds personal details")
+        writes the same key again instead of a duplicate. `steps` must be the steps the user
+        approved; each is checked here as well, and one bad step keeps the whole summary out."""
+        if (problem := summary_problem(goal, steps)) is not None:
+            # A failed write is better than a wrong one: a summary becomes an example in later
+            # planner prompts, so nothing instruction-shaped or personal may enter it.
+            log.info("plan summary not kept: %s", problem)
             return
+        steps = [s.strip()[:MAX_STEP_CHARS] for s in steps]
         quality = "good" if outcome in GOOD_OUTCOMES else "poor"
         value = {
-            "content": f"Goal: {goal[:300]}\nSteps: " + " | ".join(steps),
-            "goal": goal[:300],
+            "content": f"Goal: {goal[:MAX_GOAL_CHARS]}\nSteps: " + " | ".join(steps),
+            "goal": goal[:MAX_GOAL_CHARS],
             "steps": steps,
             "outcome": outcome,
             "quality": quality,
@@ -106,6 +116,20 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _NUMBER_RUN = re.compile(r"\+?[0-9][0-9 ().-]*[0-9]")
 
 
+def summary_problem(goal: str, steps: list[str]) -> str | None:
+    """Why a plan summary may not be stored or shown as an example, or None if it may."""
+    if not steps or len(steps) > MAX_STORED_STEPS:
+        return f"it has {len(steps)} steps"
+    if any(not step.strip() or len(step) > MAX_CHECKED_STEP_CHARS for step in steps):
+        return "a step is empty or longer than a reviewable step"
+    for text in (goal, *steps):
+        if has_injection_marker(text):
+            return "the goal or a step reads like an instruction to the model"
+        if _personal(text):
+            return "the goal or a step holds personal details"
+    return None
+
+
 def _personal(text: str) -> bool:
     """Secrets (cards, IDs, keys ...), e-mail addresses and phone-like numbers (10+ digits;
     a year range such as 2023-2024 is not one)."""
@@ -120,10 +144,13 @@ def summary_key(thread_id: str, goal: str) -> str:
 
 
 def _past_plan(value: dict[str, Any], score: float | None) -> PastPlan:
+    """A stored row as an example; labels outside the known ones read as "unknown"/"poor"."""
+    steps = value.get("steps")
+    outcome = str(value.get("outcome", ""))
     return PastPlan(
         goal=str(value.get("goal", "")),
-        steps=[str(s) for s in value.get("steps", [])][:8],
-        outcome=str(value.get("outcome", "unknown")),
-        quality=str(value.get("quality", "poor")),
+        steps=[str(s) for s in steps] if isinstance(steps, list) else [],
+        outcome=outcome if outcome in OUTCOMES else "unknown",
+        quality="good" if value.get("quality") == "good" else "poor",
         score=score,
     )

@@ -412,9 +412,16 @@ _IMPERATIVE_VERBS: Final = frozenset({
 _ADVERBS: Final = frozenset({"always", "never", "only"})
 
 
+def has_injection_marker(text: str) -> bool:
+    """True if the text holds prompt-injection markers ("ignore previous instructions", role
+    tokens, "you must ..."). Unlike looks_like_instruction it accepts plain imperatives, so it
+    is the check for text that is imperative by nature: plan steps, research task descriptions."""
+    return any(pattern.search(text) for pattern in _INSTRUCTION_PATTERNS)
+
+
 def looks_like_instruction(text: str) -> bool:
     """True if the text reads as orders to the assistant rather than a fact about the user."""
-    if any(pattern.search(text) for pattern in _INSTRUCTION_PATTERNS):
+    if has_injection_marker(text):
         return True
     return any(_is_imperative(sentence) for sentence in _SENTENCE_SPLIT_RE.split(text))
 

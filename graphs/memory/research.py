@@ -17,9 +17,12 @@ from urllib.parse import urlsplit
 from graphs.research.files import memory_namespace_for, memory_problem
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from langgraph.store.base import BaseStore
 
     from graphs.research.citations import CheckResult
+    from graphs.tools.fetchlog import FetchRecord
 
 log = logging.getLogger("cairn.research")
 
@@ -47,16 +50,24 @@ class ResearchMemory:
                 stats[match[1]] = (int(match[2]), int(match[3]), match[4])
         return stats
 
-    async def record_check(self, result: CheckResult) -> str | None:
-        """Add this report's per-source pass counts; returns the file written (None if refused)."""
+    async def record_check(self, result: CheckResult, fetched: Iterable[FetchRecord]) -> str | None:
+        """Add this report's per-source pass counts; returns the file written (None if refused).
+
+        `fetched` is the thread's fetch log. Only sources it holds a page from are counted: a
+        citation to a source never fetched is a model's invention, and its domain never enters
+        memory, not even as a failure (a rating is evidence about pages really read)."""
         today = datetime.now(UTC).date()
         stats = {
             source: counts
             for source, counts in (await self.source_stats()).items()
             if today - datetime.fromisoformat(counts[2]).date() <= DECAY
         }
+        read = fetched_sources(fetched)
         for citation in result.citations:
             source = source_of(citation.url)
+            if source not in read:
+                log.info("research memory skips a citation of a source this thread never fetched")
+                continue
             passed, total, _ = stats.get(source, (0, 0, ""))
             stats[source] = (passed + citation.passed, total + 1, today.isoformat())
         if not stats:
@@ -75,6 +86,11 @@ class ResearchMemory:
         value["created_at"] = str(old.value.get("created_at", now)) if old else now
         await self._store.aput(self.namespace, SOURCES_KEY, value)
         return content
+
+
+def fetched_sources(records: Iterable[FetchRecord]) -> set[str]:
+    """The sources the thread really read a page from (requested and final address)."""
+    return {source_of(url) for r in records if r.ok for url in (r.url, r.final_url)}
 
 
 def source_of(url: str) -> str:

@@ -27,6 +27,7 @@ from graphs.planner.state import (
     ReviewDecision,
     State,
     StepRecord,
+    step_failed,
     step_parts,
 )
 
@@ -116,7 +117,7 @@ def build_graph(
 
     async def review_plan(
         state: State, runtime: Runtime[Context]
-    ) -> Command[Literal["plan", "execute_step", "__end__"]]:
+    ) -> Command[Literal["plan", "review_plan", "execute_step", "__end__"]]:
         """Pause for the reviewer. Nothing before interrupt() has side effects: it re-runs."""
         rounds = state.get("review_rounds", 0)
         request = review_request(state, budget=budget, max_rounds=max_rounds)
@@ -129,10 +130,17 @@ def build_graph(
         if decision is None:
             return Command(goto="__end__", update={"response": REJECTED, "outcome": "rejected"})
         if decision.decision == "approve":
-            update = {"approved_plan": list(state["plan"]), "needs_review": False}
+            plan = list(state["plan"])
+            approved = [*state.get("approved_steps", []), *plan]
+            update = {"approved_plan": plan, "approved_steps": approved, "needs_review": False}
             return Command(goto="execute_step", update=update)
+        if decision.decision == "edit" and decision.steps:
+            # The reviewer's steps are the plan, word for word: no model gets to reword or
+            # ignore them. They come back for review, so what runs is what was approved.
+            update = {"plan": list(decision.steps), "review_rounds": rounds + 1}
+            return Command(goto="review_plan", update=update)
         if decision.decision == "edit":
-            feedback = edit_feedback(decision)
+            feedback = (decision.feedback or "").strip()
             return Command(
                 goto="plan", update={"plan_feedback": feedback, "review_rounds": rounds + 1}
             )
@@ -234,6 +242,7 @@ def start_goal(state: State) -> dict[str, Any]:
         "past_steps": Overwrite([]),
         "plan": [],
         "approved_plan": [],
+        "approved_steps": [],
         "response": "",
         "plan_feedback": "",
         "steps_taken": 0,
@@ -294,8 +303,17 @@ def step_result(messages: list[AnyMessage]) -> str:
     table (or the last tool output), so the answer can quote exact figures."""
     final = messages[-1] if messages and isinstance(messages[-1], AIMessage) else None
     text = str(final.text).strip() if final is not None else ""
-    outputs = [_unwrap(str(m.text)) for m in messages if isinstance(m, ToolMessage)]
-    succeeded = [o for o in outputs if not o.startswith("ERROR:")]
+    tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
+    outputs = [_unwrap(str(m.text)) for m in tool_messages]
+    succeeded = [o for m, o in zip(tool_messages, outputs, strict=True) if not _tool_failed(m, o)]
+    if outputs and not succeeded:
+        # Every tool call failed or was refused: the step failed, whatever the model's
+        # wrap-up claims. Code marks it, so the replanner and the UI see a failed step.
+        last = outputs[-1]
+        error = (
+            last if step_failed(last) else "ERROR: " + re.sub(r"^error:\s*", "", last, flags=re.I)
+        )
+        return error if not text or text in error else f"{error}\n\n{text}"
     tables = [o for o in succeeded if markdown_tables(o)]
     data = (tables or succeeded or [""])[-1]
     if data and data not in text and not markdown_tables(text) and len(data) <= KEPT_OUTPUT_CHARS:
@@ -303,6 +321,14 @@ def step_result(messages: list[AnyMessage]) -> str:
     if not text:
         text = (outputs or ["The step produced no result."])[-1]
     return text
+
+
+_FAILED_OUTPUT = re.compile(r"^(?:error\b|refused\b)", re.IGNORECASE)
+
+
+def _tool_failed(message: ToolMessage, output: str) -> bool:
+    """A tool error (raised, or returned as text: "ERROR: ...", "Error: ...", "refused: ...")."""
+    return message.status == "error" or bool(_FAILED_OUTPUT.match(output))
 
 
 def render_steps(past: list[StepRecord]) -> str:
@@ -363,19 +389,12 @@ def parse_review(answer: Any, *, edits_left: int) -> tuple[ReviewDecision | None
                 "That edit was not accepted: send at most 12 steps of up to 500 characters "
                 "each, or up to 2000 characters of feedback."
             )
+        if any("not both" in str(e.get("msg", "")) for e in errors):
+            return None, "An edit sends either the new steps or a sentence of feedback, not both."
         return None, "That answer was not understood; choose Approve, Edit or Reject."
     if decision.decision == "edit" and edits_left <= 0:
         return None, "No edits are left for this plan; approve or reject it."
     return decision, ""
-
-
-def edit_feedback(decision: ReviewDecision) -> str:
-    parts = []
-    if decision.steps:
-        parts.append("Use exactly these steps, in this order:\n" + _numbered(decision.steps))
-    if decision.feedback and decision.feedback.strip():
-        parts.append(decision.feedback.strip())
-    return "\n\n".join(parts)
 
 
 _STOP_WORDS = frozenset(
@@ -402,7 +421,10 @@ async def structured(model: BaseChatModel, schema: type[M], messages: list[Any])
     for _ in range(2):
         try:
             answer = await model.with_structured_output(schema).ainvoke(messages)
-            return answer if isinstance(answer, schema) else schema.model_validate(answer)
+            # Validated again even when the parser built the object: code, not the parser's
+            # leniency, decides what a valid Plan is.
+            data = answer.model_dump() if isinstance(answer, BaseModel) else answer
+            return schema.model_validate(data)
         except (ValidationError, OutputParserException, ValueError, TypeError) as exc:
             problem = exc
             log.warning("invalid %s from the model: %s", schema.__name__, exc)
@@ -436,7 +458,13 @@ async def _remember(runtime: Runtime[Context], state: State, outcome: Outcome) -
     if memory is None:
         return
     done = [step for _, step, _ in map(step_parts, state.get("past_steps", []))]
-    steps = done + [s for s in state.get("plan", []) if s not in done]
+    # Only what the reviewer approved: a drafted plan they rejected, or a step the replanner
+    # added and ran without review, is model text nobody vouched for.
+    approved = set(state.get("approved_steps", []))
+    steps = [s for s in done if s in approved]
+    steps += [s for s in state.get("plan", []) if s in approved and s not in steps]
+    if not steps:
+        return
     goal = state.get("input", "")
     thread_id = runtime.context.thread_id
     key = summary_key(thread_id, goal)

@@ -131,8 +131,6 @@ def offline_planner() -> OfflineChatModel:
 def _planned_steps(system: str, goal: str) -> list[str]:
     feedback = system.split("<reviewer_feedback>")[-1] if "</reviewer_feedback>" in system else ""
     feedback = feedback.split("</reviewer_feedback>")[0].strip()
-    if "Use exactly these steps" in feedback:
-        return _numbered_lines(feedback)
     steps = draft_plan(goal)
     if feedback:
         steps.append(f"Take the reviewer's note into account: {feedback[:200]}")

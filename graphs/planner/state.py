@@ -5,7 +5,18 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+MAX_STEP_CHARS = 500
+"""The longest step a plan may hold, whoever wrote it (the reviewer or the model)."""
+MAX_EDITED_STEPS = 12
 
 StepRecord = tuple[int, str, str]
 """(index, step, result): one executed step. Indices count from 1 and are contiguous."""
@@ -22,6 +33,9 @@ class State(TypedDict, total=False):
     """Remaining steps. No reducer: the replanner's list replaces it."""
     approved_plan: list[str]
     """The steps the reviewer approved last; replans are compared against them."""
+    approved_steps: list[str]
+    """Every step the reviewer approved for this goal, over all reviews: only these steps
+    may go into the plan summary that later plans see as examples."""
     past_steps: Annotated[list[StepRecord], operator.add]
     """Append-only history: the executor returns exactly one new record per step."""
     response: str
@@ -38,10 +52,19 @@ class State(TypedDict, total=False):
     """How the run ended, stored with the plan summary."""
 
 
+def _bounded_step(step: str) -> str:
+    # Checked in code, not in the JSON schema the model sees: a 10,000-character "step" is
+    # refused (and the call retried once) instead of reaching the review or the executor.
+    if not step.strip() or len(step) > MAX_STEP_CHARS:
+        msg = f"each step must be 1 to {MAX_STEP_CHARS} characters"
+        raise ValueError(msg)
+    return step
+
+
 class Plan(BaseModel):
     """An ordered list of steps that together answer the goal."""
 
-    steps: list[str] = Field(
+    steps: list[Annotated[str, AfterValidator(_bounded_step)]] = Field(
         description="Short, ordered steps (at most 6). Each step must be self-contained: the "
         "executor sees one step at a time, so name tables, columns, time ranges and regions "
         "explicitly; never write 'do the same for ...'. Do not include steps already "
@@ -73,17 +96,29 @@ class ReviewDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["approve", "edit", "reject"]
-    steps: list[Annotated[str, Field(min_length=1, max_length=500)]] | None = Field(
-        default=None, max_length=12
-    )
-    """Edit: the reviewer's own version of the steps."""
+    steps: (
+        list[
+            Annotated[
+                str,
+                StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_STEP_CHARS),
+            ]
+        ]
+        | None
+    ) = Field(default=None, max_length=MAX_EDITED_STEPS)
+    """Edit: the reviewer's own steps. They become the plan verbatim; no model rewrites them."""
     feedback: str | None = Field(default=None, max_length=2000)
-    """Edit: what to change, in the reviewer's words."""
+    """Edit: what to change, in the reviewer's words; the planner model redrafts from it."""
 
     @model_validator(mode="after")
     def _edit_says_what(self) -> ReviewDecision:
-        if self.decision == "edit" and not (self.steps or (self.feedback or "").strip()):
+        has_feedback = bool((self.feedback or "").strip())
+        if self.decision == "edit" and not (self.steps or has_feedback):
             msg = "an edit needs new steps or feedback"
+            raise ValueError(msg)
+        if self.steps and has_feedback:
+            # Which one would win is exactly what must never be guessed: steps are the plan
+            # verbatim, feedback is advice for a redraft. An edit says one or the other.
+            msg = "an edit sends either steps or feedback, not both"
             raise ValueError(msg)
         return self
 
@@ -92,3 +127,8 @@ def step_parts(record: Any) -> StepRecord:
     """A past_steps entry as (index, step, result); checkpoints may hand back lists."""
     index, step, result = record
     return int(index), str(step), str(result)
+
+
+def step_failed(result: str) -> bool:
+    """A step's result says it failed: code puts ERROR first (graph.step_result)."""
+    return result.startswith("ERROR")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,12 +24,13 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.runtime import get_runtime
 
 from graphs.core.context import Context
+from graphs.memory.policy import detect_secret, has_injection_marker
 from graphs.research.files import orchestrator_backend, researcher_backend
 from graphs.research.prompts import ORCHESTRATOR_PROMPT, RESEARCHER_PROMPT
 from graphs.research.state import OrchestratorState, Usage
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Collection
 
     from langchain_core.language_models import BaseChatModel
     from langchain_core.tools import BaseTool
@@ -35,7 +38,48 @@ if TYPE_CHECKING:
 
     from graphs.core.settings import Settings
 
+log = logging.getLogger("cairn.research")
+
 RESEARCHER = "researcher"
+APPROVED_NOTES = "research_approved_notes"
+"""Config key set by the research node: the notes slugs of the todos approved for this round."""
+MAX_TASK_CHARS = 2000
+REFUSED = "Refused: "
+"""How every task refusal written by code begins; the chat shows such a task as refused."""
+_NOTES_IN_TASK = re.compile(r"notes/([a-z0-9][a-z0-9_-]*)\.md")
+_UNKNOWN_SUBAGENT = re.compile(r"^We cannot invoke subagent (.{0,80}?) because it does not exist")
+
+
+def task_refusal(description: str, approved: Collection[str] | None) -> str | None:
+    """Why code refuses to run a research task, or None. `approved` None: no approved plan
+    (a subagent used on its own), so only the description itself is checked."""
+    if not description.strip() or len(description) > MAX_TASK_CHARS:
+        return f"the task description is empty or longer than {MAX_TASK_CHARS} characters"
+    if has_injection_marker(description) or detect_secret(description) is not None:
+        return "the task description holds instruction-like text or a secret"
+    if approved is not None:
+        match = _NOTES_IN_TASK.search(description)
+        if match is None or match[1] not in approved:
+            return "it names no approved topic's notes file (notes/<slug>.md from the plan)"
+    return None
+
+
+def refusal_reason(result: str) -> str | None:
+    """The reason, when a task's result says code refused to run it; None for a task that ran."""
+    if result.startswith(REFUSED):
+        return result.removeprefix(REFUSED).strip()
+    if match := _UNKNOWN_SUBAGENT.match(result):
+        return f"there is no subagent named {match[1]}"
+    return None
+
+
+def _refused(why: str) -> dict[str, Any]:
+    log.warning("research task refused: %s", why)
+    text = f"{REFUSED}{why}. Nothing was searched or fetched for it."
+    return {
+        "messages": [AIMessage(text)],
+        "usage": [{"agent": RESEARCHER, "tool_calls": 0, "tokens": 0}],
+    }
 
 
 class SubagentSlots:
@@ -115,6 +159,9 @@ def build_researcher(
 
     async def run_researcher(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         context = get_runtime(Context).context
+        approved = (config.get("configurable") or {}).get(APPROVED_NOTES)
+        if (why := task_refusal(_task_text(state), approved)) is not None:
+            return _refused(why)
         before = dict(state.get("files") or {})
         async with slots.hold(user_id=context.user_id, thread_id=context.thread_id):
             try:
@@ -145,12 +192,19 @@ def build_researcher(
     }
 
 
+def _task_text(state: dict[str, Any]) -> str:
+    """The task description: the subagent's opening message, written by the orchestrator."""
+    messages = state.get("messages") or []
+    return str(messages[-1].text) if messages else ""
+
+
 def disabled_general_purpose() -> CompiledSubAgent:
     """Replaces deepagents' default general-purpose subagent, which would get the orchestrator's
     file tools without the researcher's budgets: Research delegates to `researcher` only."""
 
     async def refuse(state: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": [AIMessage("Not available in Research: use the researcher subagent.")]}
+        text = f"{REFUSED}only the researcher subagent is available in Research."
+        return {"messages": [AIMessage(text)]}
 
     return {
         "name": "general-purpose",

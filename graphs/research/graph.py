@@ -10,24 +10,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from graphs.core.context import Context
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
-from graphs.research.agents import SubagentSlots, build_orchestrator, build_researcher, usage_of
+from graphs.research.agents import (
+    APPROVED_NOTES,
+    SubagentSlots,
+    build_orchestrator,
+    build_researcher,
+    usage_of,
+)
 from graphs.research.citations import check_report, normalise_text, remove_failing
 from graphs.research.files import REPORT_PATH
 from graphs.research.metrics import run_metrics
 from graphs.research.prompts import CRITIC_PROMPT, PLANNER_PROMPT
 from graphs.research.state import State, Todo
 from graphs.tools.fetch import Fetcher, make_fetch_tool
-from graphs.tools.fetchlog import FetchLog
+from graphs.tools.fetchlog import FetchLog, FetchRecord
 from graphs.tools.search import (
     SearchProvider,
     make_search_tool,
@@ -44,7 +51,8 @@ log = logging.getLogger("cairn.research")
 
 MAX_TODOS = 8
 MAX_PLAN_REJECTIONS = 2
-TodoText = Annotated[str, Field(min_length=3, max_length=200)]
+TodoText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=3, max_length=200)]
+"""Stripped before the length check: a topic of blanks is no topic."""
 
 
 class PlanItem(BaseModel):
@@ -208,7 +216,7 @@ def build_graph(
             # Values are streamed so a run stopped by the time limit keeps what it wrote so far.
             async with asyncio.timeout(settings.research_run_timeout_s):
                 async for values in orchestrator.astream(
-                    inputs, stream_mode="values", context=runtime.context
+                    inputs, approved_config(state), stream_mode="values", context=runtime.context
                 ):
                     result = values
         except TimeoutError:
@@ -291,7 +299,7 @@ def build_graph(
             msg = "a report with a failing citation would have been delivered"
             raise AssertionError(msg)
         final = removal.report if checked.claims else ""
-        await remember_sources(result, runtime)
+        await remember_sources(result, records, runtime)
         metrics = run_metrics(state, removed=len(removal.not_verified))
         reply = final or "I could not verify any claim for this question, so there is no report."
         messages: list[Any] = [AIMessage(reply)]
@@ -323,14 +331,16 @@ def build_graph(
     return builder.compile(checkpointer=checkpointer, store=store, name="research")
 
 
-async def remember_sources(result: Any, runtime: Runtime[Context]) -> None:
-    """After the check: how each source's quotes held up, for this user's later research."""
+async def remember_sources(
+    result: Any, records: list[FetchRecord], runtime: Runtime[Context]
+) -> None:
+    """After the check: how each source this thread fetched held up, for later research."""
     context = runtime.context
     if runtime.store is None or context is None or not context.memory:
         return
     if not (await ScopedMemory(runtime.store, context.user_id).settings()).enabled:
         return
-    await ResearchMemory(runtime.store, context.user_id).record_check(result)
+    await ResearchMemory(runtime.store, context.user_id).record_check(result, records)
 
 
 def plan_from(reply: Any, question: str) -> list[Todo]:
@@ -357,6 +367,12 @@ def research_task(state: State) -> str:
         lines += ["", "Unsupported claims in final_report.md (re-research or remove each):"]
         lines += [f"- {claim}" for claim in state["unsupported"]]
     return "\n".join(lines)
+
+
+def approved_config(state: State) -> RunnableConfig:
+    """The round's approved topics, for the subagent to refuse a task that names none of them."""
+    open_todos = [t for t in state["todos"] if t["status"] != "completed"]
+    return {"configurable": {APPROVED_NOTES: [slug(t["content"]) for t in open_todos]}}
 
 
 def slug(text: str) -> str:

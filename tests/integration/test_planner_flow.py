@@ -95,9 +95,9 @@ async def test_deleting_the_conversation_deletes_its_plan_summary(planner, persi
     await claim_thread(persistence.pool, thread_id=thread, user_id="dora", agent="planner")
     ctx = Context(user_id="dora", thread_id=thread, agent="planner")
     await planner.ainvoke({"input": GOAL}, config(thread), context=ctx)
-    await planner.ainvoke(Command(resume={"decision": "reject"}), config(thread), context=ctx)
+    await planner.ainvoke(Command(resume={"decision": "approve"}), config(thread), context=ctx)
     plans = PlanMemory(persistence.store, "dora")
-    assert await plans.count() == 1  # rejected plans are remembered too, labelled poor
+    assert await plans.count() == 1  # only approved plans are remembered
 
     privacy = Privacy(
         pool=persistence.pool,

@@ -140,14 +140,6 @@ async def test_edit_feedback_reaches_the_planner_and_the_redraft_is_reviewed():
     assert not pending(graph, "t-edit")
 
 
-async def test_edited_steps_go_to_the_planner_verbatim():
-    model = ScriptedChatModel([], [Plan(steps=["a"]), Plan(steps=["b"])])
-    graph, _ = make(model)
-    await start(graph, "t-steps")
-    await resume(graph, "t-steps", {"decision": "edit", "steps": ["List tables", "Count churn"]})
-    assert "1. List tables\n2. Count churn" in str(model.seen[-1][0].text)
-
-
 async def test_malformed_and_foreign_shaped_answers_are_refused_and_asked_again():
     model = ScriptedChatModel([], [Plan(steps=["Count churn by region"])])
     graph, _ = make(model)
