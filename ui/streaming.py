@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import chainlit as cl
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+
+from ui.memory_note import send_memory_note, tool_messages
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -64,6 +66,7 @@ async def run_turn(
     started = time.perf_counter()
     first_token_at: float | None = None
     interrupts: list[Any] = []
+    tool_results: list[ToolMessage] = []
     stream = graph.astream(
         inputs, config, context=context, stream_mode=STREAM_MODES, durability=durability
     )
@@ -83,6 +86,7 @@ async def run_turn(
             await step.send()
         elif (step := steps.pop(chunk["id"], None)) is not None:  # type: ignore[arg-type]
             interrupts.extend(chunk.get("interrupts") or [])
+            tool_results.extend(tool_messages(chunk.get("result")))
             step.is_error = bool(chunk.get("error"))
             step.output = "failed" if step.is_error else "done"
             await step.update()
@@ -91,6 +95,8 @@ async def run_turn(
         reply = cl.Message(content=await _final_text(graph, config))
     if reply is not None:
         await reply.send()
+    # What code decided about memory, after whatever the model said about it.
+    await send_memory_note(tool_results)
     log.info(
         "turn thread=%s first_token_ms=%s total_ms=%.1f",
         context.thread_id,

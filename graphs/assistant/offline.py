@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any, Literal
 
@@ -92,10 +93,21 @@ def propose_memories(schema: Any, messages: list[BaseMessage]) -> Any:
     transcript = "\n".join(str(m.text) for m in messages if isinstance(m, HumanMessage))
     ops: list[MemoryOp] = []
     for line in transcript.splitlines():
-        if not line.startswith("User: "):
-            continue
-        ops.extend(_ops_for(line.removeprefix("User: "), stored))
+        said = _user_line(line)
+        if said is not None:
+            ops.extend(_ops_for(said, stored))
     return MemoryOps(ops=ops[:20])
+
+
+def _user_line(line: str) -> str | None:
+    """The text of one transcript line (graphs.memory.writer.transcript) if the user wrote it."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return None
+    return str(message.get("text", ""))
 
 
 def _ops_for(sentence: str, stored: dict[str, str]) -> list[MemoryOp]:

@@ -23,6 +23,7 @@ REFUSALS: dict[str, str] = {
     "secret": "That looks like a password, card, account or ID number; Cairn does not keep those.",
     "instruction": "That reads like an instruction to the assistant, not a fact about you.",
     "other_person": "That is about someone else; Cairn keeps facts about you only.",
+    "authority": "That is about roles, permissions or access; memory never grants those.",
     "disallowed_category": "That is about a sensitive topic you have not turned on for memory.",
 }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -17,6 +16,8 @@ from pydantic import BaseModel, Field
 from stdnum import iban, luhn
 from stdnum.in_ import aadhaar, pan
 from stdnum.us import ssn
+
+from graphs.memory.grounding import fold, ungrounded_words
 
 Category = Literal[
     "profile",
@@ -70,6 +71,9 @@ Reason = Literal[
     "tombstoned",
     "inferred_over_stated",
     "duplicate",
+    "authority",
+    "ungrounded",
+    "not_requested",
 ]
 OK: Final = "ok"
 NOOP: Final = "noop"
@@ -83,6 +87,10 @@ UNKNOWN_KEY: Final = "unknown_key"
 TOMBSTONED: Final = "tombstoned"
 INFERRED_OVER_STATED: Final = "inferred_over_stated"
 DUPLICATE: Final = "duplicate"
+AUTHORITY: Final = "authority"
+UNGROUNDED: Final = "ungrounded"
+NOT_REQUESTED: Final = "not_requested"
+"""The remember tool: the user's latest message does not ask to remember anything."""
 
 
 class MemoryOp(BaseModel):
@@ -180,8 +188,12 @@ _USER_PREFIX_RE = re.compile(r"^(?:(?:the\s+)?users?\b\s*)+")
 # Pure, and called for every stored memory and tombstone per op, so worth memoising.
 @lru_cache(maxsize=4096)
 def normalise_fact(text: str) -> str:
-    """Casefold, drop punctuation and the leading 'User'/'the user'/"User's", squash spaces."""
-    text = unicodedata.normalize("NFKC", text).casefold()
+    """Casefold, drop punctuation and the leading 'User'/'the user'/"User's", squash spaces.
+
+    Folded like every other check (grounding.fold): an invisible character or a look-alike
+    letter cannot make a forgotten fact look new.
+    """
+    text = fold(text)
     text = _APOSTROPHES_RE.sub("", text)
     text = " ".join(_PUNCTUATION_RE.sub(" ", text).split())
     return _USER_PREFIX_RE.sub("", text)
@@ -435,6 +447,47 @@ def _is_imperative(sentence: str) -> bool:
     return words[0] in _IMPERATIVE_VERBS
 
 
+# --- claims of authority ----------------------------------------------------------------------
+
+_AUTHORITY_PATTERNS: Final = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"\b(?:admin\w*|superusers?|super[\s-]users?|sysadmins?|sudoers?|sudo|moderators?"
+        r"|root\s+(?:access|users?|rights|privileges?|accounts?))\b",
+        r"\b(?:full|unrestricted|unlimited|elevated|special|privileged|complete|total|extra"
+        r"|higher|all)\s+(?:access|rights|permissions?|privileges?|control|clearance|powers?)\b",
+        r"\b(?:permissions?|privileges?|privileged|clearance|authori[sz]\w*|entitled|exempt"
+        r"|whitelisted|allowlisted|jailbroken|unrestricted)\b",
+        r"\b(?:allowed|permitted|approved|cleared|able)\s+to\s+(?:access|see|read|view|change"
+        r"|override|bypass|use|run|ignore|skip|do|get|make|have|know)\b|\bis\s+allowed\b",
+        r"\b(?:has|have|had|with|granted|given|gets?|holds?)\s+(?:\w+\s+){0,2}access\b"
+        r"|\bcan\s+access\b|\baccess\s+(?:to|level|rights)\b",
+        r"\b(?:obey\w*|comply|complies|bypass\w*|override\w*|overrule\w*)\b",
+        r"\b(?:(?:always|must|should)\s+(?:always\s+)?be|(?:is|are)\s+to\s+be)\s+"
+        r"(?:trusted|believed|obeyed|followed|agreed\s+with|answered\s+fully)\b"
+        r"|\bwhat(?:ever)?\s+(?:the\s+)?user\s+says\s+goes\b|\bdoes\s+whatever\b",
+        r"\b(?:trusted|verified|vip|official|internal)\s+(?:users?|accounts?|identity|operators?"
+        r"|staff|testers?|developers?|members?)\b",
+        r"\b(?:owner|operator|developer|creator|maintainer)s?\s+of\s+(?:this|the|cairn)\b",
+        r"\bsystem\s+(?:prompts?|messages?|instructions?|rules?|access)\b",
+        r"\b(?:no|without|free\s+of)\s+(?:restrictions?|limits?|limitations?|filters?|rules?"
+        r"|guardrails?|safety)\b",
+    )
+)
+
+
+def claims_authority(text: str) -> bool:
+    """True if the text grants a role, a permission, access or a standing order.
+
+    Memory records facts about the user; it never grants rights, whatever the source (the
+    model, the background job, or the user's own edit), because every memory is replayed into
+    later prompts where such a line would read as an entitlement. Look-alike letters and
+    invisible characters are folded first ("аdmin" with a Cyrillic "а" is "admin").
+    """
+    folded = fold(text).replace("’", "'")
+    return any(pattern.search(folded) for pattern in _AUTHORITY_PATTERNS)
+
+
 # --- whose fact is it -------------------------------------------------------------------------
 
 _USER_SUBJECT_RE = re.compile(r"^\s*(?:the\s+)?user(?:['’]s)?\s+\S", _I)
@@ -593,8 +646,16 @@ def check_op(
     tombstones: Collection[Tombstone],
     opted_in: frozenset[str] = frozenset(),
     max_chars: int = MAX_CHARS,
+    evidence: Collection[str] | None = None,
+    keep_polarity: bool = False,
 ) -> Verdict:
-    """Decide whether one proposed op may be written, and under which key."""
+    """Decide whether one proposed op may be written, and under which key.
+
+    evidence: what the user wrote (their own messages, never the assistant's or a tool's).
+    Given, every meaningful word of the fact must come from it, so a model cannot add a claim
+    the user never made. None only where the user typed the fact themselves (memory page).
+    keep_polarity: the evidence is one request, so a fact that drops its "not" is refused.
+    """
     topic = sensitive_topic(op.content)
     if topic is not None and op.category not in SENSITIVE_CATEGORIES:
         # The model's label is not trusted: a fact about prayers is a religion fact.
@@ -609,6 +670,11 @@ def check_op(
         return Verdict(op, op.key, accepted=False, reason=UNKNOWN_KEY)
     if is_tombstoned(key=key, content=op.content, tombstones=tombstones):
         return Verdict(op, key, accepted=False, reason=TOMBSTONED)
+    if evidence is not None and (
+        missing := ungrounded_words(op.content, evidence, keep_polarity=keep_polarity)
+    ):
+        detail = f"{len(missing)} word(s) the user did not write"
+        return Verdict(op, key, accepted=False, reason=UNGROUNDED, detail=detail)
     current = existing.get(key)
     if current is not None:
         if current.stated and not op.stated:
@@ -633,6 +699,8 @@ def _content_problem(
         return SECRET, secret
     if looks_like_instruction(content):
         return INSTRUCTION, ""
+    if claims_authority(content):
+        return AUTHORITY, ""
     if about_other_person(content):
         return OTHER_PERSON, ""
     if op.category not in CATEGORIES or (
@@ -664,6 +732,7 @@ def check_ops(
     tombstones: Collection[Tombstone],
     opted_in: frozenset[str] = frozenset(),
     max_chars: int = MAX_CHARS,
+    evidence: Collection[str] | None = None,
 ) -> list[Verdict]:
     """Check a batch in order; each accepted op is seen by the later ones, one write per key.
 
@@ -676,7 +745,12 @@ def check_ops(
     writer_of: dict[str, int] = {}
     for op in ops.ops:
         verdict = check_op(
-            op, existing=view, tombstones=tombstones, opted_in=opted_in, max_chars=max_chars
+            op,
+            existing=view,
+            tombstones=tombstones,
+            opted_in=opted_in,
+            max_chars=max_chars,
+            evidence=evidence,
         )
         if verdict.accepted and verdict.key is not None:
             earlier = writer_of.get(verdict.key)

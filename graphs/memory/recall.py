@@ -7,6 +7,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from graphs.memory.policy import claims_authority
 from graphs.memory.scoped import Memory, ScopedMemory
 
 log = logging.getLogger("cairn.memory")
@@ -62,6 +63,10 @@ async def recall(
     )
     if not settings.enabled:
         pinned, relevant = [], []
+    # Stored before the policy refused such claims (or behind its back): never replayed, as
+    # a prompt would read them as an entitlement.
+    pinned = [m for m in pinned if not claims_authority(m.content)]
+    relevant = [m for m in relevant if not claims_authority(m.content)]
     latency_ms = (time.perf_counter() - started) * 1000
     log.info(
         "recall user=%s pinned=%d relevant=%d searched=%s latency_ms=%.1f",

@@ -34,6 +34,9 @@ SETTINGS = "settings"
 SUGGESTIONS = "suggestions"
 """Sensitive facts (in a category the user opted into) waiting for the user's confirmation."""
 MEMORY_KINDS = (PROFILE, FACTS)
+RESEMBLANCE = 0.78
+"""Cosine similarity (MiniLM) at which a fact is a forgotten one in other words: keeps apart
+"window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76)."""
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
 
 
@@ -267,30 +270,36 @@ class ScopedMemory:
         log.info("forgot memory user=%s key=%s (%s)", self.user_id, memory.key, reason)
 
     async def resembles_forgotten(
-        self, content: str, tombstones: list[Tombstone], *, threshold: float = 0.78
+        self, content: str, tombstones: list[Tombstone], *, threshold: float = RESEMBLANCE
     ) -> bool:
         """A forgotten fact in other words ("likes window seats" after forgetting "prefers
-        window seats"). Cosine similarity of the store's own embeddings; 0.78 keeps apart
-        "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76) on MiniLM.
-        """
-        embeddings = getattr(self._store, "embeddings", None)
+        window seats"), by cosine similarity of the store's own embeddings."""
         facts = [t.fact for t in tombstones if t.fact]
+        return any(await self._resembling(content, facts, threshold=threshold))
+
+    async def _resembling(self, content: str, facts: list[str], *, threshold: float) -> list[bool]:
+        embeddings = getattr(self._store, "embeddings", None)
         if embeddings is None or not facts:
-            return False
+            return [False] * len(facts)
         vectors = await embeddings.aembed_documents([normalise_fact(content), *facts])
-        return any(_cosine(vectors[0], other) >= threshold for other in vectors[1:])
+        return [_cosine(vectors[0], other) >= threshold for other in vectors[1:]]
 
     async def clear_tombstone(self, *, key: str, content: str) -> bool:
-        """The user restated a forgotten fact and explicitly asked to remember it."""
+        """The user restated a forgotten fact and explicitly asked to remember it (or typed it
+        on the memory page): every forget record of it goes, in these words or in others."""
         from graphs.memory.policy import is_tombstoned
 
-        cleared = False
-        for item in await self._store.asearch(self._ns(TOMBSTONES), limit=10_000):
-            tombstone = Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
-            if is_tombstoned(key=key, content=content, tombstones=[tombstone]):
-                await self._store.adelete(self._ns(TOMBSTONES), item.key)
-                cleared = True
-        return cleared
+        items = await self._store.asearch(self._ns(TOMBSTONES), limit=10_000)
+        same = [is_tombstoned(key=key, content=content, tombstones=[_tombstone(i)]) for i in items]
+        others = [i for i, hit in zip(items, same, strict=True) if not hit and i.value.get("fact")]
+        similar = await self._resembling(
+            content, [str(i.value["fact"]) for i in others], threshold=RESEMBLANCE
+        )
+        doomed = [i for i, hit in zip(items, same, strict=True) if hit]
+        doomed += [i for i, hit in zip(others, similar, strict=True) if hit]
+        for item in doomed:
+            await self._store.adelete(self._ns(TOMBSTONES), item.key)
+        return bool(doomed)
 
     async def sweep(self) -> int:
         """Safety net after every job: delete anything that matches a tombstone."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -9,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.exceptions import OutputParserException
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import ValidationError
 
+from graphs.memory.grounding import typed_text
 from graphs.memory.policy import (
     PROFILE_SLOTS,
     SENSITIVE_CATEGORIES,
@@ -81,9 +83,16 @@ async def write_memories(
         report.skipped = "nothing_new"
         return report
     existing, tombstones = now.existing(), now.tombstones
-    ops = await _propose(model, new[-MAX_NEW_MESSAGES:], existing, tombstones)
+    shown = new[-MAX_NEW_MESSAGES:]
+    ops = await _propose(model, shown, existing, tombstones)
     report.proposed = len(ops.ops)
-    verdicts = check_ops(ops, existing=existing, tombstones=tombstones, opted_in=settings.opted_in)
+    verdicts = check_ops(
+        ops,
+        existing=existing,
+        tombstones=tombstones,
+        opted_in=settings.opted_in,
+        evidence=user_words(shown),
+    )
     source = {"thread_id": thread_id, "message_id": new[-1].id, "job_run_id": run_id}
     async with memory.locked():
         # A conversation deleted (or an account wiped) while the model was thinking: its
@@ -111,6 +120,24 @@ def _after(messages: list[BaseMessage], last_id: str | None) -> list[BaseMessage
     return list(messages[ids.index(last_id) + 1 :]) if last_id in ids else list(messages)
 
 
+def user_words(messages: list[BaseMessage]) -> list[str]:
+    """What the user wrote: the only evidence a proposed fact may be drawn from. The
+    assistant's replies and tool results are the model's (or a web page's) words, and an
+    attached file is a document's."""
+    return [typed_text(str(m.text)) for m in messages if isinstance(m, HumanMessage)]
+
+
+def transcript(messages: list[BaseMessage]) -> str:
+    """One JSON object per message, so no message can pass for another role ("\nUser: …"
+    inside a reply); tool results are left out, the assistant's replies are context only."""
+    lines = []
+    for m in messages:
+        if isinstance(m, HumanMessage | AIMessage) and (text := str(m.text)):
+            role = "user" if isinstance(m, HumanMessage) else "assistant"
+            lines.append(json.dumps({"role": role, "text": text}, ensure_ascii=False))
+    return "\n".join(lines)
+
+
 async def _propose(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -122,11 +149,8 @@ async def _propose(
         existing="\n".join(f"- {k}: {e.content}" for k, e in existing.items()) or "(none)",
         forgotten="\n".join(f"- {t.fact or t.key}" for t in tombstones) or "(none)",
     )
-    transcript = "\n".join(
-        f"{'User' if isinstance(m, HumanMessage) else 'Assistant'}: {m.text}" for m in messages
-    )
     structured = model.with_structured_output(MemoryOps)
-    request = [SystemMessage(prompt), HumanMessage(f"New messages:\n{transcript}")]
+    request = [SystemMessage(prompt), HumanMessage(f"New messages:\n{transcript(messages)}")]
     problem: Exception | None = None
     for _attempt in range(2):
         try:

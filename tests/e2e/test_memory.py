@@ -61,7 +61,7 @@ def test_fact_is_used_in_a_new_conversation_and_gone_after_forget(app_server, br
     expect(reply).to_contain_text("User's manager is Priya")
 
     send(page, "Please forget that I am vegetarian")
-    expect(page.get_by_text("Forgotten: User is vegetarian")).to_be_visible()
+    expect(page.get_by_text("Memory: Forgotten: User is vegetarian")).to_be_visible()
     assert "User is vegetarian" not in stored_memories(app_server.database_url)
 
     new_conversation(page, app_server)
@@ -70,6 +70,24 @@ def test_fact_is_used_in_a_new_conversation_and_gone_after_forget(app_server, br
     expect(reply).to_be_visible()
     expect(reply).not_to_contain_text("vegetarian")
     expect(reply).to_contain_text("User's manager is Priya")
+    page.context.close()
+
+
+def test_what_code_did_with_memory_is_noted_and_kept_with_the_conversation(app_server, browser):
+    page = login(browser, app_server, "bob")
+    send(page, "remember that I like jazz")
+    expect(page.get_by_text("Memory: Saved: User prefers jazz")).to_be_visible()
+    send(page, "remember that my password is hunter2")
+    refused = page.get_by_text("Memory: Not saved: it looks like a password")
+    expect(refused).to_be_visible()
+    expect(refused).not_to_contain_text("hunter2")
+    assert not any("hunter2" in m for m in stored_memories(app_server.database_url))
+    page.wait_for_url(THREAD_URL)
+
+    page.reload()
+
+    expect(page.get_by_text("Memory: Saved: User prefers jazz")).to_be_visible()
+    expect(page.get_by_text("Memory: Not saved: it looks like a password")).to_be_visible()
     page.context.close()
 
 
@@ -108,12 +126,12 @@ def test_sensitive_fact_waits_for_confirmation_buttons(app_server, browser):
     expect(page.get_by_text("Should I store it?")).to_be_visible()
     assert not any("asthma" in m for m in stored_memories(app_server.database_url))
     page.get_by_role("button", name="Remember it").click()
-    expect(page.get_by_text("Saved: User has asthma")).to_be_visible()
+    expect(page.get_by_text("Memory: Saved: User has asthma")).to_be_visible()
     assert any("asthma" in m for m in stored_memories(app_server.database_url))
 
     send(page, "remember that I take insulin medication")
     page.get_by_role("button", name="Don't store it").click()
-    expect(page.get_by_text("Not saved: you chose not to store that.")).to_be_visible()
+    expect(page.get_by_text("Memory: Not saved: you chose not to store that.")).to_be_visible()
     assert not any("insulin" in m for m in stored_memories(app_server.database_url))
     page.context.close()
 
@@ -132,6 +150,6 @@ def test_pending_confirmation_survives_a_server_restart(app_server, browser):
     page = login(browser, app_server, "alice")
     page.goto(thread_url)
     page.get_by_role("button", name="Remember it").last.click()
-    expect(page.get_by_text("Saved: User has a migraine condition")).to_be_visible()
+    expect(page.get_by_text("Memory: Saved: User has a migraine condition")).to_be_visible()
     assert any("migraine" in m for m in stored_memories(app_server.database_url))
     page.context.close()

@@ -1,0 +1,60 @@
+"""The code's account of what the memory tools did in a turn, shown to the user after the reply."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import chainlit as cl
+from langchain_core.messages import ToolMessage
+
+NOTE_AUTHOR = "Cairn"
+_MARKDOWN_RE = re.compile(r"([\\`*_{}\[\]()<>#+!|~-])")
+
+
+def tool_messages(result: Any) -> list[ToolMessage]:
+    """The ToolMessages a finished task wrote, from a `tasks` stream result: {"messages": …}
+    holds one write (a message or a list) or several as {"$writes": [...]}."""
+    written = result.get("messages") if isinstance(result, dict) else None
+    if isinstance(written, dict):
+        written = written.get("$writes", [])
+    found: list[ToolMessage] = []
+    for item in written if isinstance(written, list) else [written]:
+        for message in item if isinstance(item, list) else [item]:
+            if isinstance(message, ToolMessage):
+                found.append(message)
+    return found
+
+
+def memory_note(results: Iterable[ToolMessage]) -> str | None:
+    """One line per memory decision ("Saved: …", "Not saved: …", "Forgotten: …").
+
+    Only the memory tools' artifacts count (graphs.assistant.tools.memory_result): they are
+    set by code after its checks. The model's reply, its tool arguments and error texts never
+    reach the note, so the note cannot be made to claim a write that did not happen.
+    """
+    lines: list[str] = []
+    for message in results:
+        artifact = message.artifact
+        if not isinstance(artifact, dict) or artifact.get("kind") != "memory":
+            continue
+        line = _plain(str(artifact.get("note", "")).strip())
+        if line and line not in lines:
+            lines.append(line)
+    return "\n".join(f"Memory: {line}" for line in lines) or None
+
+
+async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
+    """Sent as its own message, so the data layer stores it with the conversation."""
+    note = memory_note(results)
+    if note is None:
+        return None
+    message = cl.Message(content=note, author=NOTE_AUTHOR)
+    await message.send()
+    return message
+
+
+def _plain(text: str) -> str:
+    """Markdown-escaped: a fact's text shows as typed, never as a link or an image."""
+    return _MARKDOWN_RE.sub(r"\\\1", " ".join(text.split()))
