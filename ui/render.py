@@ -72,7 +72,8 @@ def _is_relative(url: str) -> bool:
 
 def _encoded(url: str) -> str:
     """A URL safe to put back inside `<...>` in Markdown."""
-    return "<" + quote(url, safe="!#$&'()*+,/:;=?@[]~%-._") + ">"
+    # Parentheses and blanks are percent-encoded, so no angle brackets are needed around it.
+    return quote(url, safe="!#$&'*+,/:;=?@[]~%-._")
 
 
 def safe_image(destination: str, policy: RenderPolicy) -> str | None:

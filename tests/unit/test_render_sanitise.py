@@ -113,7 +113,7 @@ def test_removed_image_names_its_host() -> None:
 
 def test_links_keep_their_page_but_lose_query_and_fragment() -> None:
     out = sanitise(f"[docs](https://example.com/guide/page?{SECRET}#top)", POLICY)
-    assert out == "[docs](<https://example.com/guide/page>)"
+    assert out == "[docs](https://example.com/guide/page)"
 
 
 def test_dangerous_link_schemes_become_text() -> None:
