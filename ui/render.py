@@ -462,7 +462,8 @@ class StreamSanitiser:
         """
         self.raw = token if replace else self.raw + token
         cut = max(self.raw.rfind(" "), self.raw.rfind("\n")) + 1
-        if cut - self._checked < max(16, self._checked // 20):
+        # Word by word while short; past 1,000 characters every 5% (each pass re-parses it all).
+        if cut - self._checked < max(1, self._checked // 20):
             return None
         self._checked = cut
         safe = sanitise(self.raw[:cut], self.policy)
