@@ -5,7 +5,8 @@ import chainlit.server
 from chainlit.server import app
 
 from auth.oauth import oauth_callback
-from ui import chat, event_loop, research, runtime
+from ui import chat, event_loop, runtime
+from ui.actions import ANSWER_ACTION, RETRY_ACTION
 from ui.data_layer import PostgresDataLayer, require_thread_author
 
 _runtime = runtime.prepare(app)
@@ -23,7 +24,5 @@ cl.on_chat_start(chat.start_chat)
 cl.on_chat_resume(chat.resume_chat)
 cl.on_message(chat.handle_message)
 cl.on_settings_update(chat.update_settings)
-cl.action_callback("retry")(chat.retry_turn)
-cl.action_callback("resume")(chat.resume_interrupt)
-cl.action_callback("plan_review")(chat.review_plan)
-cl.action_callback("research_plan")(chat.chat_handler(research.review_plan_action))
+cl.action_callback(RETRY_ACTION)(chat.retry_turn)
+cl.action_callback(ANSWER_ACTION)(chat.answer_question)

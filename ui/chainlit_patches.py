@@ -13,7 +13,8 @@ import json
 import logging
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ import chainlit.config
 import chainlit.server
 from chainlit.auth import get_current_user, get_token_from_cookies
 from chainlit.config import config as chainlit_config
+from chainlit.context import context as cl_context
 from chainlit.data import get_data_layer
 from chainlit.session import WebsocketSession
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
@@ -467,3 +469,15 @@ def _checked_answers(emit_call: Handler, sid: str) -> Handler:
 
     checked.cairn_guarded = True  # type: ignore[attr-defined]
     return checked
+
+
+@asynccontextmanager
+async def task_signals() -> AsyncIterator[None]:
+    """Show a run as busy, and idle again afterwards. Action callbacks run without Chainlit's
+    task signals, and an AskUserMessage (an Edit) ends the task early: without this the input
+    and the next question's buttons stay disabled. Checked against Chainlit 2.12.0."""
+    await cl_context.emitter.task_start()
+    try:
+        yield
+    finally:
+        await cl_context.emitter.task_end()

@@ -30,11 +30,12 @@ from graphs.memory.jobs import migrations as memory_job_migrations
 from graphs.planner.sql import migrations as planner_migrations
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
+from ui.agents.research import corpus_router
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.privacy import Privacy
 from ui.request_guard import RequestGuard
-from ui.research import corpus_router
+from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
 
 if TYPE_CHECKING:
@@ -57,6 +58,13 @@ class AppRuntime:
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
     _privacy: Privacy | None = None
+    _runner: Runner | None = None
+
+    @property
+    def runner(self) -> Runner:
+        """Where every turn runs (ui/runner.py)."""
+        assert self._runner is not None, "Cairn is still starting"
+        return self._runner
 
     @property
     def privacy(self) -> Privacy:
@@ -165,10 +173,17 @@ async def start() -> None:
     runtime.graphs = {
         agent.key: agent.build(checkpointer=persistence.checkpointer, store=persistence.store)
         for agent in AGENTS
-        if agent.build is not None
     }
     runtime.revocations = SessionRevocations(runtime.pool)
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
+    assert runtime.run_locks is not None
+    runtime._runner = Runner(
+        agents=AGENTS,
+        graphs=runtime.graphs,
+        threads=PostgresThreads(runtime.pool),
+        locks=runtime.run_locks,
+        services=runtime,
+    )
     runtime._privacy = Privacy(
         pool=runtime.pool,
         store=persistence.store,
