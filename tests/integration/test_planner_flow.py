@@ -7,10 +7,9 @@ from langgraph.types import Command
 
 from auth.ownership import ThreadNotFound, claim_thread, require_owner
 from graphs.core.context import Context
-from graphs.core.migrations import migrate
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
-from graphs.planner.sql import AnalyticsDatabase, analyst_url, markdown_tables, migrations
+from graphs.planner.sql import AnalyticsDatabase, analyst_url, markdown_tables
 from graphs.planner.tools import make_tools
 
 pytestmark = pytest.mark.integration
@@ -20,7 +19,7 @@ GOAL = "Which region had the highest churn last quarter?"
 
 @pytest.fixture(scope="module")
 async def planner(persistence, database_url):
-    await migrate(persistence.pool, migrations())
+    # The demo dataset is a migration: the persistence fixture applied it.
     tools = make_tools(AnalyticsDatabase(analyst_url(database_url), timeout_ms=3000))
     return build_graph(
         checkpointer=persistence.checkpointer,
