@@ -26,11 +26,11 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
+from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
-from ui.privacy import Privacy
 from ui.request_guard import RequestGuard
 from ui.research import corpus_router
 from ui.security_headers import SecurityHeaders, chainlit_policy

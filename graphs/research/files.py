@@ -95,7 +95,7 @@ def check_write(path: str, content: str, role: Role) -> str:
             return path
         if path.startswith(MEMORIES_DIR):
             # Learnings are recorded by code after the report passed the check
-            # (graphs/memory/research.py), from evidence, never from a model's say-so.
+            # (graphs/research/memory.py), from evidence, never from a model's say-so.
             msg = "refused: research memories are recorded by Cairn after the report is checked"
             raise PathRefused(msg)
         msg = f"refused: the orchestrator writes only final_report.md and memories/, not {path}"

@@ -88,7 +88,7 @@ async def test_the_pause_is_durable_and_another_user_cannot_reach_it(planner, pe
 async def test_deleting_the_conversation_deletes_its_plan_summary(planner, persistence):
     from auth.sessions import SessionRevocations
     from graphs.memory.plans import PlanMemory
-    from ui.privacy import Privacy
+    from graphs.memory.privacy import Privacy
 
     thread = "flow-deleted"
     await claim_thread(persistence.pool, thread_id=thread, user_id="dora", agent="planner")
