@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from graphs.core.context import Context
 from graphs.core.settings import Settings, get_settings
+from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
 from graphs.research.agents import (
     APPROVED_NOTES,
@@ -29,7 +30,6 @@ from graphs.research.agents import (
 )
 from graphs.research.citations import check_report, normalise_text, remove_failing
 from graphs.research.files import REPORT_PATH
-from graphs.research.memory import ResearchMemory
 from graphs.research.metrics import run_metrics
 from graphs.research.prompts import CRITIC_PROMPT, PLANNER_PROMPT
 from graphs.research.state import State, Todo

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 
 from graphs.core.context import Context
 from graphs.core.settings import Settings
+from graphs.memory.research import ResearchMemory
 from graphs.research import SAMPLE_CORPUS_DIR
 from graphs.research.agents import REFUSED, refusal_reason, task_refusal
 from graphs.research.citations import check_report
 from graphs.research.graph import ResearchTools, build_graph
-from graphs.research.memory import ResearchMemory
 from graphs.research.offline import OfflineResearchModel, _structured
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import FetchRecord, MemoryFetchLog, new_record
