@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
+# Tables local_accounts and local_oidc_codes: migration 0003_local_auth (graphs/core/migrations.py).
 USERNAME_PATTERN = re.compile(r"[a-z0-9_.-]{3,64}")
 PASSWORD_MIN_LENGTH = 8
 PASSWORD_MAX_LENGTH = 256

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.memory")
 
+# Tables: procrastinate's (migration 0004_procrastinate) and memory_dead_letters (0005), in
+# graphs/core/migrations.py.
 QUEUE = "memory"
 TASK_NAME = "cairn.write_memory"
 
