@@ -11,7 +11,7 @@ from chainlit.config import config as chainlit_config
 from chainlit.server import sio
 from fastapi import APIRouter, FastAPI
 
-from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
+from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
 from auth.sessions import EndedSessionGuard, SessionRevocations
@@ -26,14 +26,12 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
-from graphs.memory.jobs import migrations as memory_job_migrations
-from graphs.planner.sql import migrations as planner_migrations
+from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.agents.research import corpus_router
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
-from ui.privacy import Privacy
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
@@ -156,15 +154,7 @@ async def start() -> None:
     if runtime is None:
         msg = "prepare() must run before start()"
         raise RuntimeError(msg)
-    persistence = await open_persistence(
-        runtime.settings,
-        pool=runtime.pool,
-        extra_migrations=[
-            ("0003_local_auth", LOCAL_AUTH_DDL),
-            *memory_job_migrations(),
-            *planner_migrations(),
-        ],
-    )
+    persistence = await open_persistence(runtime.settings, pool=runtime.pool)
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)
     warm_up = getattr(persistence.embedding.embeddings, "warm_up", None)
