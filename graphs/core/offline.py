@@ -1,11 +1,13 @@
 """Deterministic stand-in chat model, used when no model key is configured.
 
 It never reads the app's instructions. What it does is chosen by what it is offered: the
-structured-output schema (`with_structured_output`), the tools bound (`bind_tools`), and, in
-tests, an explicit `/tool` command. What it reads is data: the user's messages, tool results, and
+structured-output schema (`with_structured_output`) and the tools bound (`bind_tools`); a test
+can script a call explicitly with `/tool <name> <json-args>` (whole scripted conversations:
+tests/fakes.ScriptedChatModel). What it reads is data: the user's messages, tool results, and
 lines the app's code renders from state (numbered steps, "- key: value" lines, blocks fenced in
-<tags>), never a prompt's sentences or headings, so rewording a prompt cannot change a reply.
-Each agent's behaviour is a subclass overriding `respond` and `answer`, over a `Turn`.
+<tags>), never a prompt's sentences or headings, so rewording a prompt cannot change a reply
+(tests/unit/test_offline_ignores_prompts.py rewords them all). Each agent's behaviour is a
+subclass overriding `respond` and `answer`, both given a `Turn`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -71,7 +74,7 @@ class Turn:
     def last(self) -> BaseMessage | None:
         return self.messages[-1] if self.messages else None
 
-    @property
+    @cached_property
     def human(self) -> list[str]:
         """The human messages' text: the user's words, or the task handed to a subagent."""
         return [str(m.text) for m in self.messages if isinstance(m, HumanMessage)]
@@ -86,13 +89,13 @@ class Turn:
         """The first human message: what this conversation was started for."""
         return self.human[0] if self.human else ""
 
-    @property
+    @cached_property
     def data(self) -> str:
-        """The system messages' text. Read only through the data helpers below (numbered
-        lines, key lines, fenced blocks): their wording is the app's, not data."""
+        """The system messages' text: read it only for rendered data (numbered lines, "- key:
+        value" lines, fenced blocks), never for its wording, which is the prompt's."""
         return "\n".join(str(m.text) for m in self.messages if isinstance(m, SystemMessage))
 
-    @property
+    @cached_property
     def results(self) -> list[tuple[str, str]]:
         """(tool name, result text) of this conversation's tool calls, in order."""
         names = {

@@ -139,9 +139,9 @@ def _best_sentences(text: str, words: set[str]) -> list[str]:
 def _orchestrator_step(turn: Turn, *, fabricate: bool, fix: bool) -> AIMessage:
     """Delegate every approved todo, read the notes, write the report; or fix listed claims."""
     todos = _TODO.findall(turn.task)
-    last_todo = list(_TODO.finditer(turn.task))[-1:]
-    # Bullets after the todos list the claims the citation check refused.
-    unsupported = bullet_lines(turn.task[last_todo[0].end() :] if last_todo else turn.task)
+    # The bullets after the todos are the claims the citation check refused.
+    after = max((m.end() for m in _TODO.finditer(turn.task)), default=0)
+    unsupported = bullet_lines(turn.task[after:])
     results = turn.results
     done = [name for name, _ in results]
     if unsupported:
