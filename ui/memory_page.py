@@ -12,7 +12,7 @@ import logging
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from chainlit.auth import clear_auth_cookie
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -34,7 +34,42 @@ from graphs.memory.scoped import MemorySettings, ScopedMemory
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
-    from ui.runtime import AppRuntime
+    from collections.abc import Callable, Mapping
+
+    from graphs.core.persistence import Persistence, Pool
+    from graphs.core.settings import Settings
+    from graphs.memory.jobs import MemoryJobs
+    from graphs.memory.privacy import Privacy
+    from ui.runner import Runner
+
+
+class AppRuntime(Protocol):
+    """What the page needs from the worker's start-up (ui/runtime.AppRuntime provides it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def pool(self) -> Pool: ...
+
+    @property
+    def public_url(self) -> str: ...
+
+    @property
+    def persistence(self) -> Persistence | None: ...
+
+    @property
+    def graphs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def memory_jobs(self) -> MemoryJobs | None: ...
+
+    @property
+    def privacy(self) -> Privacy: ...
+
+    @property
+    def runner(self) -> Runner: ...
+
 
 log = logging.getLogger("cairn.security")
 
@@ -47,11 +82,15 @@ PAUSED = "paused"
 SAVED = "saved"
 
 
-def _runtime() -> AppRuntime:
-    from ui.runtime import get_runtime
+_runtime_source: Callable[[], AppRuntime] | None = None
+"""Set by build_router: the worker's runtime, once it has started."""
 
+
+def _runtime() -> AppRuntime:
     try:
-        return get_runtime()
+        if _runtime_source is None:
+            raise RuntimeError
+        return _runtime_source()
     except RuntimeError:
         raise HTTPException(status_code=503, detail="Cairn is still starting") from None
 
@@ -103,7 +142,10 @@ class WipeBody(BaseModel):
     confirm: str
 
 
-def build_router() -> APIRouter:
+def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
+    """The memory page and its API; `runtime` returns the started worker (or raises RuntimeError)."""
+    global _runtime_source
+    _runtime_source = runtime
     router = APIRouter()
 
     @router.get("/memory", include_in_schema=False)

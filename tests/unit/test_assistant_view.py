@@ -93,7 +93,10 @@ async def test_each_tool_step_shows_the_tool_its_arguments_and_the_codes_verdict
 
 def test_recall_lists_the_facts_it_used_each_linking_to_the_memory_page():
     text = recall_output(
-        [{"key": "k/1", "content": "Allergic to peanuts"}, {"key": "k2", "content": "[x](http://e)"}]
+        [
+            {"key": "k/1", "content": "Allergic to peanuts"},
+            {"key": "k2", "content": "[x](http://e)"},
+        ]
     )
     assert text.startswith("Used 2 fact(s) from memory:")
     assert "- [Allergic to peanuts](/memory#memory-k%2F1)" in text

@@ -186,9 +186,7 @@ def asking_spec() -> AgentSpec:
 
 def make_runner(*specs: AgentSpec, model: Any = None, services: Any = None) -> Runner:
     saver = InMemorySaver()
-    graphs = {
-        s.key: s.build(checkpointer=saver, store=InMemoryStore(), model=model) for s in specs
-    }
+    graphs = {s.key: s.build(checkpointer=saver, store=InMemoryStore(), model=model) for s in specs}
     return Runner(
         agents=specs, graphs=graphs, threads=MemoryThreads(), locks=MemoryLocks(), services=services
     )
