@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -240,3 +241,20 @@ async def require_thread_author(username: str, thread_id: str) -> bool:
             log.warning("refused: %s asked for thread %s of another user", username, thread_id)
         raise HTTPException(status_code=404, detail=NOT_FOUND)
     return True
+
+
+async def append_message(pool: Pool, thread_id: str, text: str, *, author: str = "Cairn") -> None:
+    """A message added to a stored conversation from outside a live chat session (a run
+    finished on behalf of a user who is not connected to this worker). Chainlit's data layer
+    records steps only inside a session, so the row is written here, after the thread's
+    other steps; it is sanitised on read like every stored step."""
+    if not text:
+        return
+    async with pool.connection() as conn:
+        await conn.execute(
+            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+            '"endTime", "createdAt", "showInput", "isError") '
+            "SELECT %s, id, %s, 'assistant_message', %s, '{}', t, t, t, 'json', false "
+            "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %s",
+            (str(uuid.uuid4()), author, text, thread_id),
+        )

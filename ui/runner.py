@@ -17,12 +17,14 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
+from langchain_core.messages import AIMessage
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
+from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -46,6 +48,10 @@ MODEL_FAILED = "The model did not answer. Your message is saved; press Retry to 
 ANSWERED = "That question has already been answered."
 MALFORMED_ANSWER = "That button's request was malformed and has been ignored."
 UNAVAILABLE = "This conversation's agent is not available on this server."
+RUN_LOST = (
+    "The server working on this conversation stopped, and its run could not be continued. "
+    "Nothing it finished is lost; press Retry to continue from there."
+)
 
 Status = Literal["done", "paused", "stopped", "failed", "busy", "not_found", "refused"]
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
@@ -90,6 +96,12 @@ class InterruptKind:
     keeps the question pending)."""
 
 
+def last_ai_text(values: dict[str, Any]) -> str | None:
+    messages = values.get("messages") or []
+    last = messages[-1] if messages else None
+    return str(last.text) if isinstance(last, AIMessage) else None
+
+
 async def _decision(decision: str) -> dict[str, str]:
     return {"decision": decision}
 
@@ -123,6 +135,10 @@ class AgentSpec:
     """Start embedding the message for recall while ownership and the checkpoint load."""
     order: int = 100
     """Place in the profile list (lowest first; the first is the default)."""
+    reply_text: Callable[[dict[str, Any]], str | None] = field(
+        default=lambda values: last_ai_text(values)
+    )
+    """The reply in a finished run's state, for runs nobody watched live."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None
@@ -195,6 +211,8 @@ class Runner:
         threads: Threads,
         locks: RunLocks,
         services: Any = None,
+        journal: RunJournal | None = None,
+        stale_s: float = STALE_S,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -205,6 +223,10 @@ class Runner:
         self.locks = locks
         self.services = services
         """Handed to after-turn hooks (e.g. the memory job queue)."""
+        self.journal = journal
+        """Runs in progress in Postgres, so a dead worker's runs are resumed (None: not kept)."""
+        self.stale_s = stale_s
+        """A run whose worker has not beaten for this long is resumed by this one."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -303,6 +325,8 @@ class Runner:
         state = await graph.aget_state(_config(thread_id, spec))
         if spec.restore is not None:
             await spec.restore(state)
+        if await self.run_lost(thread_id):
+            await surface.failed(RUN_LOST, thread_id=thread_id)
         interrupts = list(state.interrupts)
         for interrupt in interrupts:
             await surface.show_interrupt(spec.interrupt_kind(interrupt.value), interrupt, thread_id)
@@ -315,6 +339,48 @@ class Runner:
         if spec is None or graph is None:
             return []
         return list((await graph.aget_state(_config(thread_id, spec))).interrupts)
+
+    # -- runs a dead worker left --------------------------------------------------------
+
+    async def stranded(self) -> list[StrandedRun]:
+        """Runs whose worker stopped beating, now this worker's to resume (resume_stranded)."""
+        return (
+            [] if self.journal is None else await self.journal.take_stranded(stale_s=self.stale_s)
+        )
+
+    async def resume_stranded(self, stranded: StrandedRun, surface: Surface) -> RunOutcome:
+        """Resume a dead worker's run from its last checkpoint.
+
+        No completed step runs again (the checkpointer has it); the step in flight may, so
+        tools stay read-only or idempotent. A run paused on a question stays paused.
+        """
+        assert self.journal is not None
+        thread_id, user_id = stranded.thread_id, stranded.user_id
+        try:
+            owned = await self.threads.require(thread_id=thread_id, user_id=user_id)
+        except ThreadNotFound:  # deleted or wiped meanwhile: nothing to resume
+            await self.journal.forget(thread_id)
+            return RunOutcome("not_found")
+        spec, graph = self.spec(owned.agent), self.graphs.get(owned.agent)
+        if spec is None or graph is None or stranded.attempts > MAX_ATTEMPTS:
+            log.error("run on thread %s cannot be continued (agent %s)", thread_id, owned.agent)
+            await self.journal.give_up(thread_id)
+            await surface.failed(RUN_LOST, thread_id=thread_id)
+            return RunOutcome("failed", owned=owned)
+        state = await graph.aget_state(_config(thread_id, spec))
+        if not state.next or state.interrupts:
+            await self.journal.forget(thread_id)  # it had finished, or waits for the user
+            return RunOutcome("paused" if state.interrupts else "done", owned=owned)
+        log.info("resuming thread %s (%s) left by a stopped worker", thread_id, spec.key)
+        outcome = await self._run(surface, spec, None, _context(owned, user_id, thread_id), owned)
+        if outcome.status == "failed":
+            await self.journal.give_up(thread_id)
+        # "busy": its worker is alive after all (it holds the run lock) and will finish it.
+        return outcome
+
+    async def run_lost(self, thread_id: str) -> bool:
+        """A run of this thread was given up after its worker stopped (the user may Retry)."""
+        return self.journal is not None and await self.journal.failed_run(thread_id)
 
     # -- one run --------------------------------------------------------------------
 
@@ -359,7 +425,14 @@ class Runner:
                         await surface.refuse(ANSWERED)
                         return RunOutcome("refused", owned=owned)
                     await surface.clear_prompt(answering)
+                if self.journal is not None:
+                    await self.journal.started(
+                        thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
+                    )
+                # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
                 outcome = await self._stream(surface, spec, graph, inputs, context)
+                if self.journal is not None:
+                    await self.journal.finished(context.thread_id)
         except ThreadBusy as exc:
             await surface.refuse(str(exc))
             return RunOutcome("busy", owned=owned)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from graphs.core.persistence import (
     start_embedded_postgres,
 )
 from graphs.core.runlock import ThreadRunLocks
+from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy
@@ -32,6 +34,7 @@ from ui.agents import AGENTS
 from ui.agents.research import corpus_router
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
+from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
@@ -57,6 +60,8 @@ class AppRuntime:
     run_locks: ThreadRunLocks | None = None
     _privacy: Privacy | None = None
     _runner: Runner | None = None
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    """The run heartbeat and the sweep that resumes stopped workers' runs."""
 
     @property
     def runner(self) -> Runner:
@@ -167,13 +172,21 @@ async def start() -> None:
     runtime.revocations = SessionRevocations(runtime.pool)
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
     assert runtime.run_locks is not None
+    journal = RunJournal(runtime.pool)
     runtime._runner = Runner(
         agents=AGENTS,
         graphs=runtime.graphs,
         threads=PostgresThreads(runtime.pool),
         locks=runtime.run_locks,
         services=runtime,
+        journal=journal,
     )
+    runtime.background = [
+        asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
+        asyncio.create_task(
+            recover_forever(runtime.runner, runtime.pool), name="cairn-run-recovery"
+        ),
+    ]
     runtime._privacy = Privacy(
         pool=runtime.pool,
         store=persistence.store,
@@ -206,6 +219,8 @@ async def delete_thread_data(thread_id: str) -> None:
 async def stop() -> None:
     if _runtime is None:
         return
+    for task in _runtime.background:
+        task.cancel()
     if _runtime.memory_jobs is not None:
         await _runtime.memory_jobs.stop()
     if _runtime.run_locks is not None:

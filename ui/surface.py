@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import chainlit as cl
 from chainlit.utils import utc_now
-from langchain_core.messages import AIMessage
 
 from ui.actions import ANSWER_ACTION, RETRY_ACTION
 from ui.chainlit_patches import task_signals
@@ -136,7 +135,11 @@ class ChatSurface:
 
 
 class HeadlessView:
-    """A run nobody watches live (answered from an HTTP page): only its reply text counts."""
+    """A run nobody watches live (answered from an HTTP page, resumed for a user who is not
+    connected): only its reply counts, read from the finished state."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
 
     async def begin(self, load_state: LoadState) -> None:
         return None
@@ -153,9 +156,7 @@ class HeadlessView:
     async def end(self, status: Status, load_state: LoadState) -> str | None:
         if status != "done":
             return None
-        messages = (await load_state()).values.get("messages") or []
-        last = messages[-1] if messages else None
-        return str(last.text) if isinstance(last, AIMessage) else None
+        return self.spec.reply_text((await load_state()).values)
 
 
 class HeadlessSurface:
@@ -165,7 +166,7 @@ class HeadlessSurface:
         self.errors: list[str] = []
 
     def view(self, spec: AgentSpec, context: Context) -> View:
-        return HeadlessView()
+        return HeadlessView(spec)
 
     async def notice(self, text: str) -> None:
         self.errors.append(text)

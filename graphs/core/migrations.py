@@ -229,6 +229,24 @@ CREATE INDEX IF NOT EXISTS research_fetch_log_thread_idx ON research_fetch_log (
 
 # The Planner's demo dataset and the analyst role (graphs/planner/sql.py).
 # Deterministic pseudo-random numbers in SQL: a multiplicative hash of the row number.
+RUNS_SQL = """
+-- Runs in progress, one row per thread while a run works on it (graphs/core/runs.py): the
+-- worker it belongs to and that worker's heartbeat. A row whose heartbeat stopped belongs to
+-- a dead worker; a live one takes it over and resumes the thread from its last checkpoint.
+CREATE TABLE IF NOT EXISTS cairn_runs (
+    thread_id text PRIMARY KEY,
+    user_id text NOT NULL,
+    agent text NOT NULL,
+    worker_id text NOT NULL,
+    status text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'failed')),
+    attempts integer NOT NULL DEFAULT 0,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS cairn_runs_heartbeat ON cairn_runs (heartbeat_at)
+    WHERE status = 'running';
+"""
+
 ANALYTICS_DEMO_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {DEMO_SCHEMA};
 
@@ -364,6 +382,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0005_memory_dead_letters", DEAD_LETTER_SQL),
     Migration("0006_privacy", PRIVACY_SQL),
     Migration("0007_research_fetch_log", FETCH_LOG_SQL),
+    Migration("0008_runs", RUNS_SQL),
     Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
 )
 

@@ -389,5 +389,6 @@ SPEC = AgentSpec(
     recursion_limit=recursion_limit,
     recursion_notice=RECURSION_BACKSTOP,
     restore=restore,
+    reply_text=lambda values: str(values.get("response") or "") or None,
     order=20,
 )

@@ -365,5 +365,6 @@ SPEC = AgentSpec(
     subgraphs=True,
     recursion_limit=lambda: RECURSION_LIMIT,
     restore=restore,
+    reply_text=lambda values: str(values.get("report") or "") or None,
     order=10,
 )

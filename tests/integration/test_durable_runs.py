@@ -1,0 +1,203 @@
+"""A run outlives its worker: kill -9 mid-Planner run, and a live worker resumes it from the last
+checkpoint with no completed step run again (real Postgres, real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableLambda
+
+from auth.ownership import claim_thread
+from graphs.core.persistence import make_pool, open_persistence
+from graphs.core.runlock import ThreadRunLocks
+from graphs.core.runs import RunJournal
+from graphs.core.settings import Settings
+from graphs.planner.graph import build_graph
+from graphs.planner.offline import offline_planner
+from graphs.planner.sql import AnalyticsDatabase, analyst_url
+from graphs.planner.state import step_parts
+from graphs.planner.tools import make_tools
+from ui.agents import planner as planner_agent
+from ui.runner import PostgresThreads, Runner
+from ui.surface import HeadlessSurface
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+GOAL = "Which region had the highest churn last quarter?"
+SLOW_CALL_S = 1.5
+"""Each model call of the doomed worker takes this long, so the test can kill it mid-run."""
+
+
+class SlowModel(BaseChatModel):
+    """The offline planner, each call delayed: a model that takes its time."""
+
+    inner: Any
+    delay_s: float
+
+    @property
+    def _llm_type(self) -> str:
+        return "slow-offline"
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - async only
+        raise NotImplementedError
+
+    async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):
+        await asyncio.sleep(self.delay_s)
+        return await self.inner._agenerate(messages, stop=stop, run_manager=run_manager, **kw)
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        bound = self.inner.bind_tools(tools, **kwargs)
+        return RunnableLambda(self._slow(bound))
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        structured = self.inner.with_structured_output(schema, **kwargs)
+        return RunnableLambda(self._slow(structured))
+
+    def _slow(self, runnable: Any) -> Callable[[Any], Awaitable[Any]]:
+        async def call(value: Any) -> Any:
+            await asyncio.sleep(self.delay_s)
+            return await runnable.ainvoke(value)
+
+        return call
+
+
+async def make_runner(
+    url: str, *, worker: str, slow_s: float = 0.0
+) -> tuple[Runner, Callable[[], Awaitable[None]]]:
+    """A worker's runner for the Planner, as ui/runtime.py builds it, on the given database."""
+    from graphs.core.embeddings import LOCAL_MODEL_DIMS, EmbeddingSpec
+
+    settings = Settings(data_dir=Path(tempfile.mkdtemp()))
+    embedding = EmbeddingSpec("test:fixed", LOCAL_MODEL_DIMS, FixedEmbeddings())
+    persistence = await open_persistence(
+        settings, pool=make_pool(url, max_size=5), embedding=embedding
+    )
+    model = offline_planner()
+    if slow_s:
+        model = SlowModel(inner=model, delay_s=slow_s)
+    tools = make_tools(AnalyticsDatabase(analyst_url(url), timeout_ms=3000))
+    graph = build_graph(
+        checkpointer=persistence.checkpointer, store=persistence.store, model=model, tools=tools
+    )
+    locks = ThreadRunLocks(persistence.pool)
+    runner = Runner(
+        agents=[planner_agent.SPEC],
+        graphs={"planner": graph},
+        threads=PostgresThreads(persistence.pool),
+        locks=locks,
+        journal=RunJournal(persistence.pool, worker=worker),
+        stale_s=1.0,
+    )
+
+    async def close() -> None:
+        await locks.close()
+        await persistence.close()
+
+    return runner, close
+
+
+class FixedEmbeddings(Embeddings):
+    """Deterministic vectors (the test is about runs, not recall)."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [self._vector(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._vector(text)
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embed_documents(texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return self.embed_query(text)
+
+    def _vector(self, text: str) -> list[float]:
+        from graphs.core.embeddings import LOCAL_MODEL_DIMS
+
+        seed = sum(map(ord, text)) or 1
+        return [((seed * (i + 1)) % 97) / 97.0 for i in range(LOCAL_MODEL_DIMS)]
+
+
+async def past_steps(runner: Runner, thread_id: str) -> list[Any]:
+    state = await runner.graphs["planner"].aget_state({"configurable": {"thread_id": thread_id}})
+    return list(state.values.get("past_steps", []))
+
+
+async def test_a_planner_run_killed_mid_run_is_resumed_by_a_live_worker(database_url):
+    runner, close = await make_runner(database_url, worker="survivor")
+    thread_id = "durable-planner-1"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    paused = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    assert paused.status == "paused"
+    [review] = paused.interrupts
+
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.stranded_worker",
+            database_url,
+            thread_id,
+            review.id,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not await past_steps(runner, thread_id):
+            assert worker.poll() is None, "the worker ended before the test could stop it"
+            assert time.monotonic() < deadline, "the worker never finished a step"
+            await asyncio.sleep(0.1)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    before = await past_steps(runner, thread_id)
+    assert 1 <= len(before) < 3, "killed mid-run: some steps done, not all"
+
+    # The dead worker's run is found by its stopped heartbeat and resumed here.
+    killed_at = time.monotonic()
+    stranded = []
+    while not stranded:
+        assert time.monotonic() - killed_at < 30, "the stranded run was never found"
+        stranded = await runner.stranded()
+        await asyncio.sleep(0.2)
+    [run] = stranded
+    assert (run.thread_id, run.user_id, run.agent) == (thread_id, "alice", "planner")
+    outcome = await runner.resume_stranded(run, HeadlessSurface())
+    recovered_in = time.monotonic() - killed_at
+
+    assert outcome.status == "done", outcome
+    assert outcome.reply is not None
+    assert "Here is what the plan found" in outcome.reply
+    after = await past_steps(runner, thread_id)
+    indices = [step_parts(r)[0] for r in after]
+    assert indices == list(range(1, len(after) + 1)), "no step index twice, none missing"
+    assert after[: len(before)] == before, "completed steps were not run again"
+    assert await runner.stranded() == []  # finished: nothing left to resume
+    print(f"recovered in {recovered_in:.1f} s after the kill")
+    await close()

@@ -1,0 +1,82 @@
+"""Runs a stopped worker left behind, resumed by this one: live in the user's chat when they
+are connected here, otherwise written into the conversation for when they open it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from chainlit.context import init_ws_context
+from chainlit.session import WebsocketSession, ws_sessions_id
+
+from ui.data_layer import append_message
+from ui.surface import ChatSurface, HeadlessSurface
+
+if TYPE_CHECKING:
+    from graphs.core.pool import Pool
+    from graphs.core.runs import StrandedRun
+    from ui.runner import Runner, RunOutcome
+
+log = logging.getLogger("cairn.runs")
+
+SWEEP_S = 5.0
+
+
+def _live_session(run: StrandedRun) -> WebsocketSession | None:
+    """The user's open chat of that conversation on this worker, if any."""
+    return next(
+        (
+            s
+            for s in list(ws_sessions_id.values())
+            if isinstance(s, WebsocketSession)
+            and s.thread_id == run.thread_id
+            and getattr(s.user, "identifier", None) == run.user_id
+        ),
+        None,
+    )
+
+
+class StoredSurface(HeadlessSurface):
+    """Nobody watches here: notices and errors go into the stored conversation."""
+
+    def __init__(self, pool: Pool, thread_id: str) -> None:
+        super().__init__()
+        self.pool = pool
+        self.thread_id = thread_id
+
+    async def failed(self, text: str, *, thread_id: str) -> None:
+        await super().failed(text, thread_id=thread_id)
+        await append_message(self.pool, thread_id, text)
+
+    async def notice(self, text: str) -> None:
+        await super().notice(text)
+        await append_message(self.pool, self.thread_id, text)
+
+
+async def resume(runner: Runner, pool: Pool, run: StrandedRun) -> RunOutcome:
+    """In its own task: a live session's chat context must not leak into other runs."""
+    if (session := _live_session(run)) is not None:
+        init_ws_context(session)
+        return await runner.resume_stranded(run, ChatSurface(signals_task=True))
+    outcome = await runner.resume_stranded(run, StoredSurface(pool, run.thread_id))
+    if outcome.reply:
+        await append_message(pool, run.thread_id, outcome.reply)
+    return outcome
+
+
+async def recover_once(runner: Runner, pool: Pool) -> list[RunOutcome]:
+    """One sweep: every stranded run taken by this worker and resumed, side by side."""
+    runs = await runner.stranded()
+    if not runs:
+        return []
+    return list(await asyncio.gather(*(asyncio.create_task(resume(runner, pool, r)) for r in runs)))
+
+
+async def recover_forever(runner: Runner, pool: Pool, *, every_s: float = SWEEP_S) -> None:
+    while True:
+        try:
+            await recover_once(runner, pool)
+        except Exception as exc:
+            log.warning("resuming stranded runs failed: %s", exc)
+        await asyncio.sleep(every_s)
