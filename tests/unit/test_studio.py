@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,9 +35,9 @@ NODES = {
 }
 
 
-def load(graph_id: str) -> Any:
-    """As langgraph-api's _graph_from_spec: exec the file as its own module, take the attribute,
-    call it if it is a factory, compile it if it is a builder."""
+def load(graph_id: str) -> tuple[ModuleType, Any]:
+    """As langgraph-api's _graph_from_spec: exec the file as its own module, take the attribute
+    (a compiled graph, or a factory the server calls before each run)."""
     path, _, attr = CONFIG["graphs"][graph_id].rpartition(":")
     modname = path.replace("/", "__").replace(".py", "").lstrip(".")
     spec = importlib.util.spec_from_file_location(modname, ROOT / path)
@@ -44,12 +46,18 @@ def load(graph_id: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
     spec.loader.exec_module(module)
-    graph = module.__dict__[attr]
-    if not isinstance(graph, Pregel) and callable(graph):
-        graph = graph()
-    if hasattr(graph, "compile"):
-        graph = graph.compile()
-    return graph
+    return module, module.__dict__[attr]
+
+
+async def resolve(value: Any) -> Any:
+    """As the server does per run: call a factory (awaiting a coroutine), compile a builder."""
+    if not isinstance(value, Pregel) and callable(value):
+        value = value()
+        if inspect.isawaitable(value):
+            value = await value
+    if hasattr(value, "compile"):
+        value = value.compile()
+    return value
 
 
 @pytest.fixture(autouse=True)
@@ -71,8 +79,18 @@ def test_langgraph_json_names_the_three_agents() -> None:
 
 
 @pytest.mark.parametrize("graph_id", sorted(NODES))
-def test_each_graph_loads_as_the_cli_loads_it(graph_id: str) -> None:
-    graph = load(graph_id)
+async def test_each_graph_loads_as_the_cli_loads_it(
+    graph_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, value = load(graph_id)
+    prepared: list[bool] = []
+
+    async def prepare_analytics() -> None:  # the real one migrates Postgres: integration only
+        prepared.append(True)
+
+    monkeypatch.setattr(module, "prepare_analytics", prepare_analytics)
+    graph = await resolve(value)
+    await resolve(value)
 
     assert isinstance(graph, Pregel)
     assert graph.name == graph_id
@@ -81,10 +99,13 @@ def test_each_graph_loads_as_the_cli_loads_it(graph_id: str) -> None:
     assert graph.checkpointer is None
     assert graph.store is None
     graph.get_graph(xray=1)  # Studio draws it
+    # The Planner's factory sets up the database its SQL tools read, once.
+    assert prepared == ([True] if graph_id == "planner" else [])
 
 
 async def test_the_studio_assistant_answers_one_offline_turn() -> None:
-    graph = load("assistant").copy(
+    _, value = load("assistant")
+    graph = (await resolve(value)).copy(
         update={"checkpointer": InMemorySaver(), "store": InMemoryStore()}
     )
     config = {"configurable": {"thread_id": "studio-1"}}
