@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import (
@@ -20,11 +21,13 @@ from graphs.assistant.state import RecalledMemory, State
 from graphs.assistant.tools import TOOLS
 from graphs.core.context import Context
 from graphs.core.models import chat_model
+from graphs.core.nodes import bind
 from graphs.memory.recall import Recalled, memory_block, recall
 from graphs.memory.scoped import Memory, ScopedMemory
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
+    from langchain_core.runnables import Runnable
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.store.base import BaseStore
@@ -55,31 +58,44 @@ async def recall_memories(state: State, runtime: Runtime[Context]) -> dict[str, 
     return {"recalled": [_as_recalled(m) for m in found.memories]}
 
 
+@dataclass(frozen=True)
+class AssistantDeps:
+    """What the assistant node needs, bound once when the graph is built."""
+
+    model: BaseChatModel
+    """Answers once the tool budget is spent (no tools offered)."""
+    with_tools: Runnable[Any, Any]
+    """The same model with the memory tools bound."""
+
+    @classmethod
+    def of(cls, model: BaseChatModel) -> AssistantDeps:
+        return cls(model=model, with_tools=model.bind_tools(TOOLS))
+
+
+async def assistant(state: State, *, deps: AssistantDeps) -> dict[str, Any]:
+    """Answer with the trimmed conversation and the recalled memories as labelled data."""
+    over_budget = _tool_calls_this_turn(state["messages"]) >= TOOL_CALL_BUDGET
+    prompt = SYSTEM_PROMPT.format(memories=_block(state.get("recalled", [])))
+    if over_budget:
+        prompt += TOOL_BUDGET_NOTE
+    window = _window(state["messages"])
+    runnable = deps.model if over_budget else deps.with_tools
+    reply = await runnable.ainvoke([SystemMessage(prompt), *window])
+    if getattr(reply, "tool_calls", None):
+        return {"messages": [reply]}
+    return {"messages": [reply, *_prune([*state["messages"], reply])]}
+
+
 def build_graph(
     *,
     checkpointer: BaseCheckpointSaver | None,
     store: BaseStore | None,
     model: BaseChatModel | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
-    llm = model or assistant_model()
-    with_tools = llm.bind_tools(TOOLS)
-
-    async def assistant(state: State) -> dict[str, Any]:
-        """Answer with the trimmed conversation and the recalled memories as labelled data."""
-        over_budget = _tool_calls_this_turn(state["messages"]) >= TOOL_CALL_BUDGET
-        prompt = SYSTEM_PROMPT.format(memories=_block(state.get("recalled", [])))
-        if over_budget:
-            prompt += TOOL_BUDGET_NOTE
-        window = _window(state["messages"])
-        runnable = llm if over_budget else with_tools
-        reply = await runnable.ainvoke([SystemMessage(prompt), *window])
-        if getattr(reply, "tool_calls", None):
-            return {"messages": [reply]}
-        return {"messages": [reply, *_prune([*state["messages"], reply])]}
-
+    deps = AssistantDeps.of(model or assistant_model())
     builder = StateGraph(State, context_schema=Context)
     builder.add_node(recall_memories)
-    builder.add_node("assistant", assistant)
+    builder.add_node(bind(assistant, deps=deps))
     builder.add_node("tools", ToolNode(TOOLS, handle_tool_errors=True))
     builder.add_edge(START, "recall_memories")
     builder.add_edge("recall_memories", "assistant")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar
 
 from langchain_core.exceptions import OutputParserException
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from graphs.core.context import Context
 from graphs.core.models import chat_model
+from graphs.core.nodes import bind, declare_subgraph
 from graphs.memory.plans import PlanMemory, summary_key
 from graphs.planner import prompts
 from graphs.planner.sql import markdown_tables
@@ -33,6 +35,7 @@ from graphs.planner.state import (
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
+    from langchain_core.runnables import Runnable
     from langchain_core.tools import BaseTool
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
@@ -68,6 +71,20 @@ class ExecutorState(TypedDict):
     model_calls: int
 
 
+@dataclass(frozen=True)
+class PlannerDeps:
+    """What the planner nodes need, bound once when the graph is built."""
+
+    planner: BaseChatModel
+    """Plans, replans and writes the partial answer."""
+    executor: CompiledStateGraph[Any, Any, Any, Any]
+    """The inner ReAct loop that runs one step with the read-only tools."""
+    budget: int
+    """Steps run per goal before finalize writes a partial answer."""
+    max_rounds: int
+    """Edits the reviewer may ask for on one plan."""
+
+
 def build_graph(
     *,
     checkpointer: BaseCheckpointSaver | None,
@@ -82,158 +99,160 @@ def build_graph(
     from graphs.core.settings import get_settings
 
     settings = get_settings()
-    budget = step_budget or settings.planner_step_budget
-    max_rounds = review_rounds or settings.planner_review_rounds
-    planner_llm = model or planner_model("planner")
     executor_llm = executor_model or model or planner_model("executor")
-    executor = build_executor(executor_llm, tools if tools is not None else default_tools(store))
-
-    async def plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """Draft (or redraft after an edit) a short list of self-contained steps."""
-        goal = state.get("input", "").strip()
-        if not goal:
-            return {"response": "Tell me what you would like analysed.", "outcome": "failed"}
-        feedback = state.get("plan_feedback", "")
-        memory = PlanMemory.from_runtime(runtime)
-        examples = await memory.similar(goal) if memory is not None else []
-        past = [step_parts(r) for r in state.get("past_steps", [])]
-        system = prompts.PLANNER_PROMPT.format(
-            max_steps=MAX_PLAN_STEPS,
-            budget=budget,
-            examples=_examples_block(examples),
-            completed=_completed_block(past),
-            feedback=_feedback_block(feedback, state.get("plan", [])),
-        )
-        try:
-            drafted = await structured(
-                planner_llm, Plan, [SystemMessage(system), HumanMessage(goal)]
-            )
-        except PlanningFailed as exc:
-            return {"response": f"I could not draft a valid plan ({exc}).", "outcome": "failed"}
-        steps = _clean_steps(drafted.steps, past)
-        if not steps:
-            return {"response": "I could not draft a plan for that goal.", "outcome": "failed"}
-        return {"plan": steps}
-
-    async def review_plan(
-        state: State, runtime: Runtime[Context]
-    ) -> Command[Literal["plan", "review_plan", "execute_step", "__end__"]]:
-        """Pause for the reviewer. Nothing before interrupt() has side effects: it re-runs."""
-        rounds = state.get("review_rounds", 0)
-        request = review_request(state, budget=budget, max_rounds=max_rounds)
-        decision: ReviewDecision | None = None
-        for _ in range(MAX_INVALID_ANSWERS):
-            decision, error = parse_review(interrupt(request), edits_left=max_rounds - rounds)
-            if decision is not None:
-                break
-            request = {**request, "error": error}
-        if decision is None:
-            return Command(goto="__end__", update={"response": REJECTED, "outcome": "rejected"})
-        if decision.decision == "approve":
-            plan = list(state["plan"])
-            approved = [*state.get("approved_steps", []), *plan]
-            update = {"approved_plan": plan, "approved_steps": approved, "needs_review": False}
-            return Command(goto="execute_step", update=update)
-        if decision.decision == "edit" and decision.steps:
-            # The reviewer's steps are the plan, word for word: no model gets to reword or
-            # ignore them. They come back for review, so what runs is what was approved.
-            update = {"plan": list(decision.steps), "review_rounds": rounds + 1}
-            return Command(goto="review_plan", update=update)
-        if decision.decision == "edit":
-            feedback = (decision.feedback or "").strip()
-            return Command(
-                goto="plan", update={"plan_feedback": feedback, "review_rounds": rounds + 1}
-            )
-        await _remember(runtime, state, "rejected")
-        return Command(
-            goto="__end__", update={"response": REJECTED, "outcome": "rejected", "plan": []}
-        )
-
-    async def execute_step(state: State) -> dict[str, Any]:
-        """Run plan[0] in the executor subgraph; return exactly one new (index, step, result)."""
-        remaining = state.get("plan") or []
-        if not remaining:
-            msg = "execute_step needs a non-empty plan"
-            raise ValueError(msg)
-        past = [step_parts(r) for r in state.get("past_steps", [])]
-        step, index = remaining[0], len(past) + 1
-        system = prompts.EXECUTOR_PROMPT.format(
-            goal=state.get("input", ""), earlier=render_steps(past) or "(none yet)"
-        )
-        done = await executor.ainvoke(
-            {"step_messages": [SystemMessage(system), HumanMessage(step)], "model_calls": 0}
-        )
-        record: StepRecord = (index, step, step_result(done["step_messages"]))
-        return {"past_steps": [record], "steps_taken": state.get("steps_taken", 0) + 1}
-
-    async def replan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """One structured decision: the remaining steps, or the answer."""
-        past = [step_parts(r) for r in state.get("past_steps", [])]
-        check_contiguous(past)
-        used = state.get("steps_taken", 0)
-        remaining = state.get("plan", [])[1:]
-        system = prompts.REPLANNER_PROMPT.format(
-            budget_note=prompts.BUDGET_NOTE.format(used=used, budget=budget),
-            goal=state.get("input", ""),
-            completed=render_steps(past),
-            remaining=_numbered(remaining) or "(nothing left)",
-        )
-        messages = [SystemMessage(system), HumanMessage("Decide: Response or the remaining Plan.")]
-        act = await structured(planner_llm, Act, messages)
-        if isinstance(act.action, Plan):
-            steps = _clean_steps(act.action.steps, past)
-            if steps:
-                approved = state.get("approved_plan", [])
-                unrelated = unrelated_steps(steps, goal=state.get("input", ""), approved=approved)
-                if unrelated:
-                    log.warning("replan added steps unrelated to the goal: %s", unrelated)
-                return {"plan": steps, "needs_review": bool(unrelated)}
-            # An empty plan (or only completed steps) means: respond now.
-            messages.append(HumanMessage("Nothing is left to do: answer with a Response now."))
-            answer = await structured(planner_llm, Act, messages)
-            if isinstance(answer.action, Plan):
-                return {"plan": [], "needs_review": False}  # should_end sends it to finalize
-            act = answer
-        assert not isinstance(act.action, Plan)
-        await _remember(runtime, state, "answered")
-        return {"response": act.action.response, "plan": [], "outcome": "answered"}
-
-    async def finalize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """The honest partial answer at the step budget: established, missing, not run."""
-        past = [step_parts(r) for r in state.get("past_steps", [])]
-        system = prompts.FINALIZE_PROMPT.format(
-            budget=budget,
-            goal=state.get("input", ""),
-            completed=render_steps(past) or "(none)",
-            remaining=_numbered(state.get("plan", [])) or "(none)",
-        )
-        reply = await planner_llm.ainvoke(
-            [SystemMessage(system), HumanMessage("Write the partial answer.")]
-        )
-        if state.get("steps_taken", 0) >= budget:
-            header = f"**Stopped at the step budget ({budget} steps); this answer is partial.**"
-        else:
-            header = "**The planner ran out of steps to try; this answer is partial.**"
-        await _remember(runtime, state, "partial")
-        return {"response": f"{header}\n\n{reply.text}", "outcome": "partial"}
-
-    def should_end(state: State) -> Literal["__end__", "finalize", "review_plan", "execute_step"]:
-        return route_after_replan(state, budget=budget)
-
+    deps = PlannerDeps(
+        planner=model or planner_model("planner"),
+        executor=build_executor(executor_llm, tools if tools is not None else default_tools(store)),
+        budget=step_budget or settings.planner_step_budget,
+        max_rounds=review_rounds or settings.planner_review_rounds,
+    )
     builder = StateGraph(State, context_schema=Context)
     builder.add_node(start_goal)
-    builder.add_node("plan", plan)
-    builder.add_node("review_plan", review_plan)
-    builder.add_node("execute_step", execute_step, retry_policy=TRANSIENT_RETRY)
-    builder.add_node("replan", replan, retry_policy=TRANSIENT_RETRY)
-    builder.add_node("finalize", finalize)
+    builder.add_node(bind(plan, deps=deps))
+    builder.add_node(
+        bind(review_plan, deps=deps),
+        destinations=("plan", "review_plan", "execute_step", "__end__"),
+    )
+    builder.add_node(bind(execute_step, deps=deps), retry_policy=TRANSIENT_RETRY)
+    builder.add_node(bind(replan, deps=deps), retry_policy=TRANSIENT_RETRY)
+    builder.add_node(bind(finalize, deps=deps))
     builder.add_edge(START, "start_goal")
     builder.add_edge("start_goal", "plan")
     builder.add_conditional_edges("plan", route_after_plan)
     builder.add_edge("execute_step", "replan")
-    builder.add_conditional_edges("replan", should_end)
+    builder.add_conditional_edges("replan", bind(route_after_replan, budget=deps.budget))
     builder.add_edge("finalize", END)
-    return builder.compile(checkpointer=checkpointer, store=store, name="planner")
+    graph = builder.compile(checkpointer=checkpointer, store=store, name="planner")
+    return declare_subgraph(graph, "execute_step", deps.executor)
+
+
+async def plan(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) -> dict[str, Any]:
+    """Draft (or redraft after an edit) a short list of self-contained steps."""
+    goal = state.get("input", "").strip()
+    if not goal:
+        return {"response": "Tell me what you would like analysed.", "outcome": "failed"}
+    feedback = state.get("plan_feedback", "")
+    memory = PlanMemory.from_runtime(runtime)
+    examples = await memory.similar(goal) if memory is not None else []
+    past = [step_parts(r) for r in state.get("past_steps", [])]
+    system = prompts.PLANNER_PROMPT.format(
+        max_steps=MAX_PLAN_STEPS,
+        budget=deps.budget,
+        examples=_examples_block(examples),
+        completed=_completed_block(past),
+        feedback=_feedback_block(feedback, state.get("plan", [])),
+    )
+    try:
+        drafted = await structured(deps.planner, Plan, [SystemMessage(system), HumanMessage(goal)])
+    except PlanningFailed as exc:
+        return {"response": f"I could not draft a valid plan ({exc}).", "outcome": "failed"}
+    steps = _clean_steps(drafted.steps, past)
+    if not steps:
+        return {"response": "I could not draft a plan for that goal.", "outcome": "failed"}
+    return {"plan": steps}
+
+
+async def review_plan(
+    state: State, runtime: Runtime[Context], *, deps: PlannerDeps
+) -> Command[Literal["plan", "review_plan", "execute_step", "__end__"]]:
+    """Pause for the reviewer. Nothing before interrupt() has side effects: it re-runs."""
+    rounds = state.get("review_rounds", 0)
+    request = review_request(state, budget=deps.budget, max_rounds=deps.max_rounds)
+    decision: ReviewDecision | None = None
+    for _ in range(MAX_INVALID_ANSWERS):
+        decision, error = parse_review(interrupt(request), edits_left=deps.max_rounds - rounds)
+        if decision is not None:
+            break
+        request = {**request, "error": error}
+    if decision is None:
+        return Command(goto="__end__", update={"response": REJECTED, "outcome": "rejected"})
+    if decision.decision == "approve":
+        steps = list(state["plan"])
+        approved = [*state.get("approved_steps", []), *steps]
+        update = {"approved_plan": steps, "approved_steps": approved, "needs_review": False}
+        return Command(goto="execute_step", update=update)
+    if decision.decision == "edit" and decision.steps:
+        # The reviewer's steps are the plan, word for word: no model gets to reword or
+        # ignore them. They come back for review, so what runs is what was approved.
+        update = {"plan": list(decision.steps), "review_rounds": rounds + 1}
+        return Command(goto="review_plan", update=update)
+    if decision.decision == "edit":
+        feedback = (decision.feedback or "").strip()
+        return Command(goto="plan", update={"plan_feedback": feedback, "review_rounds": rounds + 1})
+    await _remember(runtime, state, "rejected")
+    return Command(goto="__end__", update={"response": REJECTED, "outcome": "rejected", "plan": []})
+
+
+async def execute_step(state: State, *, deps: PlannerDeps) -> dict[str, Any]:
+    """Run plan[0] in the executor subgraph; return exactly one new (index, step, result)."""
+    remaining = state.get("plan") or []
+    if not remaining:
+        msg = "execute_step needs a non-empty plan"
+        raise ValueError(msg)
+    past = [step_parts(r) for r in state.get("past_steps", [])]
+    step, index = remaining[0], len(past) + 1
+    system = prompts.EXECUTOR_PROMPT.format(
+        goal=state.get("input", ""), earlier=render_steps(past) or "(none yet)"
+    )
+    done = await deps.executor.ainvoke(
+        {"step_messages": [SystemMessage(system), HumanMessage(step)], "model_calls": 0}
+    )
+    record: StepRecord = (index, step, step_result(done["step_messages"]))
+    return {"past_steps": [record], "steps_taken": state.get("steps_taken", 0) + 1}
+
+
+async def replan(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) -> dict[str, Any]:
+    """One structured decision: the remaining steps, or the answer."""
+    past = [step_parts(r) for r in state.get("past_steps", [])]
+    check_contiguous(past)
+    used = state.get("steps_taken", 0)
+    remaining = state.get("plan", [])[1:]
+    system = prompts.REPLANNER_PROMPT.format(
+        budget_note=prompts.BUDGET_NOTE.format(used=used, budget=deps.budget),
+        goal=state.get("input", ""),
+        completed=render_steps(past),
+        remaining=_numbered(remaining) or "(nothing left)",
+    )
+    messages = [SystemMessage(system), HumanMessage("Decide: Response or the remaining Plan.")]
+    act = await structured(deps.planner, Act, messages)
+    if isinstance(act.action, Plan):
+        steps = _clean_steps(act.action.steps, past)
+        if steps:
+            approved = state.get("approved_plan", [])
+            unrelated = unrelated_steps(steps, goal=state.get("input", ""), approved=approved)
+            if unrelated:
+                log.warning("replan added steps unrelated to the goal: %s", unrelated)
+            return {"plan": steps, "needs_review": bool(unrelated)}
+        # An empty plan (or only completed steps) means: respond now.
+        messages.append(HumanMessage("Nothing is left to do: answer with a Response now."))
+        answer = await structured(deps.planner, Act, messages)
+        if isinstance(answer.action, Plan):
+            return {"plan": [], "needs_review": False}  # route_after_replan sends it to finalize
+        act = answer
+    assert not isinstance(act.action, Plan)
+    await _remember(runtime, state, "answered")
+    return {"response": act.action.response, "plan": [], "outcome": "answered"}
+
+
+async def finalize(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) -> dict[str, Any]:
+    """The honest partial answer at the step budget: established, missing, not run."""
+    budget = deps.budget
+    past = [step_parts(r) for r in state.get("past_steps", [])]
+    system = prompts.FINALIZE_PROMPT.format(
+        budget=budget,
+        goal=state.get("input", ""),
+        completed=render_steps(past) or "(none)",
+        remaining=_numbered(state.get("plan", [])) or "(none)",
+    )
+    reply = await deps.planner.ainvoke(
+        [SystemMessage(system), HumanMessage("Write the partial answer.")]
+    )
+    if state.get("steps_taken", 0) >= budget:
+        header = f"**Stopped at the step budget ({budget} steps); this answer is partial.**"
+    else:
+        header = "**The planner ran out of steps to try; this answer is partial.**"
+    await _remember(runtime, state, "partial")
+    return {"response": f"{header}\n\n{reply.text}", "outcome": "partial"}
 
 
 def start_goal(state: State) -> dict[str, Any]:
@@ -268,27 +287,21 @@ def route_after_replan(
     return "execute_step"
 
 
+@dataclass(frozen=True)
+class ExecutorDeps:
+    """The executor's model, with and without the step's tools."""
+
+    model: BaseChatModel
+    with_tools: Runnable[Any, Any]
+
+
 def build_executor(
     model: BaseChatModel, tools: list[BaseTool]
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The inner ReAct loop of one step, with its own messages key and model-call limit."""
-    with_tools = model.bind_tools(tools)
-
-    async def act(state: ExecutorState) -> dict[str, Any]:
-        calls = state.get("model_calls", 0)
-        messages = state["step_messages"]
-        if calls >= EXECUTOR_MODEL_CALLS - 1:
-            reply = await model.ainvoke([*messages, HumanMessage(prompts.EXECUTOR_WRAP_UP)])
-            reply = AIMessage(content=reply.content, id=reply.id)  # no further tool calls
-        else:
-            reply = await with_tools.ainvoke(messages)
-        return {"step_messages": [reply], "model_calls": calls + 1}
-
-    def route_tools(state: ExecutorState) -> Literal["tools", "__end__"]:
-        return tools_condition(state, messages_key="step_messages")  # type: ignore[arg-type]
-
+    deps = ExecutorDeps(model=model, with_tools=model.bind_tools(tools))
     builder = StateGraph(ExecutorState)
-    builder.add_node("act", act)
+    builder.add_node(bind(act, deps=deps))
     builder.add_node(
         "tools", ToolNode(tools, messages_key="step_messages", handle_tool_errors=True)
     )
@@ -296,6 +309,22 @@ def build_executor(
     builder.add_conditional_edges("act", route_tools)
     builder.add_edge("tools", "act")
     return builder.compile(name="executor")
+
+
+async def act(state: ExecutorState, *, deps: ExecutorDeps) -> dict[str, Any]:
+    """One model call of the step; the last allowed call gets no tools, so the step ends."""
+    calls = state.get("model_calls", 0)
+    messages = state["step_messages"]
+    if calls >= EXECUTOR_MODEL_CALLS - 1:
+        reply = await deps.model.ainvoke([*messages, HumanMessage(prompts.EXECUTOR_WRAP_UP)])
+        reply = AIMessage(content=reply.content, id=reply.id)  # no further tool calls
+    else:
+        reply = await deps.with_tools.ainvoke(messages)
+    return {"step_messages": [reply], "model_calls": calls + 1}
+
+
+def route_tools(state: ExecutorState) -> Literal["tools", "__end__"]:
+    return tools_condition(state, messages_key="step_messages")  # type: ignore[arg-type]
 
 
 def step_result(messages: list[AnyMessage]) -> str:

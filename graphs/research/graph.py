@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -18,6 +18,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from graphs.core.context import Context
+from graphs.core.nodes import bind, declare_subgraph
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
@@ -133,6 +134,36 @@ def research_models(settings: Settings) -> Models:
     )
 
 
+@dataclass(frozen=True)
+class ResearchDeps:
+    """What the research nodes need, bound once when the graph is built."""
+
+    planner: Runnable[Any, Any]
+    """The planning model, made to call write_todos."""
+    orchestrator: CompiledStateGraph[Any, Any, Any, Any]
+    """The deep agent that delegates todos to researcher subagents and writes the report."""
+    critic: Runnable[Any, Any]
+    """The critic model, answering with a Critique."""
+    tools: ResearchTools
+    settings: Settings
+
+    @classmethod
+    def of(cls, models: Models, tools: ResearchTools, settings: Settings) -> ResearchDeps:
+        researcher = build_researcher(
+            models.researcher,
+            [make_search_tool(tools.search), make_fetch_tool(tools.fetcher)],
+            settings,
+            SubagentSlots(settings.research_max_subagents),
+        )
+        return cls(
+            planner=models.planner.bind_tools([write_todos], tool_choice="write_todos"),
+            orchestrator=build_orchestrator(models.orchestrator, researcher),
+            critic=models.critic.with_structured_output(Critique),
+            tools=tools,
+            settings=settings,
+        )
+
+
 def build_graph(
     *,
     checkpointer: BaseCheckpointSaver | None,
@@ -143,192 +174,199 @@ def build_graph(
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     settings = settings or get_settings()
     models = Models(model, model, model, model) if model is not None else research_models(settings)
-    tools = tools or default_tools(store, settings)
-    researcher = build_researcher(
-        models.researcher,
-        [make_search_tool(tools.search), make_fetch_tool(tools.fetcher)],
-        settings,
-        SubagentSlots(settings.research_max_subagents),
-    )
-    orchestrator = build_orchestrator(models.orchestrator, researcher)
-    planner = models.planner.bind_tools([write_todos], tool_choice="write_todos")
-    critic = models.critic.with_structured_output(Critique)
-    max_rounds = settings.research_critique_rounds
-
-    async def write_plan(state: State) -> dict[str, Any]:
-        """Turn the question into topics with write_todos. Cheap, and before the approval pause."""
-        question = _latest_question(state)
-        prompt = PLANNER_PROMPT
-        if feedback := state.get("plan_feedback"):
-            prompt += f"\nThe user rejected the previous plan: {feedback}\n"
-        reply = await planner.ainvoke([SystemMessage(prompt), HumanMessage(question)])
-        return {
-            "question": question,
-            "todos": plan_from(reply, question),
-            "files": {path: None for path in state.get("files") or {}},
-            "critique_round": 0,
-            "unsupported": [],
-            "report": "",
-            "not_verified": [],
-            "metrics": {},
-            "verifications": None,
-            "usage": None,
-            "started_at": 0.0,
-        }
-
-    def review_plan(state: State) -> Command[Any]:
-        """Pause for the user's Approve / Edit / Reject; nothing before interrupt() has effects."""
-        answer = interrupt(
-            {
-                "kind": "review_plan",
-                "question": state["question"],
-                "todos": [t["content"] for t in state["todos"]],
-            }
-        )
-        try:
-            decision = PlanDecision.model_validate(answer)
-        except ValidationError:
-            return Command(goto="review_plan")  # ask again; a malformed answer changes nothing
-        if decision.decision == "approve":
-            return Command(goto="research")
-        if decision.decision == "edit":
-            if not decision.todos:
-                return Command(goto="review_plan")
-            todos: list[Todo] = [
-                {"content": t.strip(), "status": "pending"} for t in decision.todos
-            ]
-            return Command(goto="research", update={"todos": todos})
-        rejections = state.get("plan_rejections", 0) + 1
-        if decision.reason and rejections <= MAX_PLAN_REJECTIONS:
-            update = {"plan_feedback": decision.reason, "plan_rejections": rejections}
-            return Command(goto="write_plan", update=update)
-        stop = AIMessage("Research cancelled: nothing was searched or fetched.")
-        return Command(goto=END, update={"messages": [stop], "plan_rejections": rejections})
-
-    async def research(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """The orchestrator delegates each open todo to a research subagent and writes the report."""
-        started = state.get("started_at") if state.get("critique_round") else time.time()
-        task = research_task(state)
-        before = dict(state.get("files") or {})
-        inputs = {"messages": [HumanMessage(task)], "todos": state["todos"], "files": before}
-        result: dict[str, Any] = {"messages": [], "files": before}
-        try:
-            # Values are streamed so a run stopped by the time limit keeps what it wrote so far.
-            async with asyncio.timeout(settings.research_run_timeout_s):
-                async for values in orchestrator.astream(
-                    inputs, approved_config(state), stream_mode="values", context=runtime.context
-                ):
-                    result = values
-        except TimeoutError:
-            log.warning("research round stopped at %ss", settings.research_run_timeout_s)
-        files = result.get("files") or {}
-        return {
-            "files": {p: d for p, d in files.items() if before.get(p) != d},
-            "todos": [{**t, "status": "completed"} for t in state["todos"]],
-            "usage": [*result.get("usage", []), usage_of("orchestrator", result["messages"])],
-            "started_at": started,
-        }
-
-    async def check_citations(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """The deterministic check plus the critic's reading; failures become `unsupported`."""
-        report = file_text(state, REPORT_PATH)
-        records = await tools.fetch_log.for_thread(runtime.context.thread_id)
-        result = check_report(report, records)
-        flags = await critique(report, state)
-        unsupported = [f"{c.plain} — {c.reason}" for c in result.failing]
-        flagged = flagged_lines(result, flags)
-        unsupported += [f"{text} — critic: {why}" for text, why in flagged.values()]
-        verification = {
-            "round": state.get("critique_round", 0),
-            "citations": len(result.citations),
-            "passing": sum(c.passed for c in result.citations),
-            "failing_claims": [c.plain for c in result.failing],
-            "critic_flags": [text for text, _ in flagged.values()],
-        }
-        return {"unsupported": unsupported, "verifications": [verification]}
-
-    async def critique(report: str, state: State) -> list[Flag]:
-        if not report.strip():
-            return []
-        notes = "\n\n".join(
-            f"<notes path={p!r}>\n{file_text(state, p)}\n</notes>"
-            for p in sorted(state.get("files") or {})
-            if p.startswith("/notes/")
-        )
-        answer = await critic.ainvoke(
-            [
-                SystemMessage(CRITIC_PROMPT),
-                HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
-            ]
-        )
-        try:
-            return Critique.model_validate(answer).flags
-        except ValidationError:
-            return []
-
-    def route_after_check(state: State) -> Literal["reopen_claims", "finalize"]:
-        if state.get("unsupported") and state.get("critique_round", 0) < max_rounds:
-            return "reopen_claims"
-        return "finalize"
-
-    def reopen_claims(state: State) -> dict[str, Any]:
-        """Each unsupported claim becomes a todo: re-research it with a source, or remove it."""
-        new: list[Todo] = []
-        for item in state["unsupported"]:
-            claim, _, reason = item.rpartition(" — ")
-            text = f"Re-research or remove ({reason[:60]}): {claim or item}"
-            new.append({"content": text[:200], "status": "pending"})
-        done = [t for t in state["todos"] if t["status"] == "completed"]
-        return {"todos": done + new, "critique_round": state.get("critique_round", 0) + 1}
-
-    async def finalize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        """At the end (or the cap): remove what still fails, so the report has only checked claims."""
-        report = file_text(state, REPORT_PATH)
-        records = await tools.fetch_log.for_thread(runtime.context.thread_id)
-        result = check_report(report, records)
-        verifications = state.get("verifications") or []
-        critic_flags = set(verifications[-1]["critic_flags"]) if verifications else set()
-        flagged = {
-            c.line: "critic: quote does not support the claim"
-            for c in result.claims
-            if c.plain in critic_flags
-        }
-        removal = remove_failing(report, result, flagged=flagged)
-        checked = check_report(removal.report, records)
-        if not checked.ok:  # removal drops every failing line, so this is a broken invariant
-            msg = "a report with a failing citation would have been delivered"
-            raise AssertionError(msg)
-        final = removal.report if checked.claims else ""
-        await remember_sources(result, records, runtime)
-        metrics = run_metrics(state, removed=len(removal.not_verified))
-        reply = final or "I could not verify any claim for this question, so there is no report."
-        messages: list[Any] = [AIMessage(reply)]
-        if removal.not_verified:
-            listing = "\n".join(f"- {item}" for item in removal.not_verified)
-            messages.append(AIMessage(f"Not verified (removed from the report):\n{listing}"))
-        return {
-            "report": final,
-            "not_verified": removal.not_verified,
-            # The thread's final_report.md is the checked one, or none: never the raw draft.
-            "files": {REPORT_PATH: _file(final, state) if final else None},
-            "metrics": metrics,
-            "messages": messages,
-        }
-
+    deps = ResearchDeps.of(models, tools or default_tools(store, settings), settings)
     builder = StateGraph(State, context_schema=Context)
-    builder.add_node(write_plan)
+    builder.add_node(bind(write_plan, deps=deps))
     builder.add_node(review_plan, destinations=("research", "write_plan", "review_plan", END))
-    builder.add_node(research)
-    builder.add_node(check_citations)
+    builder.add_node(bind(research, deps=deps))
+    builder.add_node(bind(check_citations, deps=deps))
     builder.add_node(reopen_claims)
-    builder.add_node(finalize)
+    builder.add_node(bind(finalize, deps=deps))
     builder.add_edge(START, "write_plan")
     builder.add_edge("write_plan", "review_plan")
     builder.add_edge("research", "check_citations")
-    builder.add_conditional_edges("check_citations", route_after_check)
+    builder.add_conditional_edges("check_citations", bind(route_after_check, deps=deps))
     builder.add_edge("reopen_claims", "research")
     builder.add_edge("finalize", END)
-    return builder.compile(checkpointer=checkpointer, store=store, name="research")
+    graph = builder.compile(checkpointer=checkpointer, store=store, name="research")
+    return declare_subgraph(graph, "research", deps.orchestrator)
+
+
+async def write_plan(state: State, *, deps: ResearchDeps) -> dict[str, Any]:
+    """Turn the question into topics with write_todos. Cheap, and before the approval pause."""
+    question = _latest_question(state)
+    prompt = PLANNER_PROMPT
+    if feedback := state.get("plan_feedback"):
+        prompt += f"\nThe user rejected the previous plan: {feedback}\n"
+    reply = await deps.planner.ainvoke([SystemMessage(prompt), HumanMessage(question)])
+    return {
+        "question": question,
+        "todos": plan_from(reply, question),
+        "files": {path: None for path in state.get("files") or {}},
+        "critique_round": 0,
+        "unsupported": [],
+        "report": "",
+        "not_verified": [],
+        "metrics": {},
+        "verifications": None,
+        "usage": None,
+        "started_at": 0.0,
+    }
+
+
+def review_plan(state: State) -> Command[Any]:
+    """Pause for the user's Approve / Edit / Reject; nothing before interrupt() has effects."""
+    answer = interrupt(
+        {
+            "kind": "review_plan",
+            "question": state["question"],
+            "todos": [t["content"] for t in state["todos"]],
+        }
+    )
+    try:
+        decision = PlanDecision.model_validate(answer)
+    except ValidationError:
+        return Command(goto="review_plan")  # ask again; a malformed answer changes nothing
+    if decision.decision == "approve":
+        return Command(goto="research")
+    if decision.decision == "edit":
+        if not decision.todos:
+            return Command(goto="review_plan")
+        todos: list[Todo] = [{"content": t.strip(), "status": "pending"} for t in decision.todos]
+        return Command(goto="research", update={"todos": todos})
+    rejections = state.get("plan_rejections", 0) + 1
+    if decision.reason and rejections <= MAX_PLAN_REJECTIONS:
+        update = {"plan_feedback": decision.reason, "plan_rejections": rejections}
+        return Command(goto="write_plan", update=update)
+    stop = AIMessage("Research cancelled: nothing was searched or fetched.")
+    return Command(goto=END, update={"messages": [stop], "plan_rejections": rejections})
+
+
+async def research(
+    state: State, runtime: Runtime[Context], *, deps: ResearchDeps
+) -> dict[str, Any]:
+    """The orchestrator delegates each open todo to a research subagent and writes the report."""
+    started = state.get("started_at") if state.get("critique_round") else time.time()
+    task = research_task(state)
+    before = dict(state.get("files") or {})
+    inputs = {"messages": [HumanMessage(task)], "todos": state["todos"], "files": before}
+    result: dict[str, Any] = {"messages": [], "files": before}
+    timeout_s = deps.settings.research_run_timeout_s
+    try:
+        # Values are streamed so a run stopped by the time limit keeps what it wrote so far.
+        async with asyncio.timeout(timeout_s):
+            async for values in deps.orchestrator.astream(
+                inputs, approved_config(state), stream_mode="values", context=runtime.context
+            ):
+                result = values
+    except TimeoutError:
+        log.warning("research round stopped at %ss", timeout_s)
+    files = result.get("files") or {}
+    return {
+        "files": {p: d for p, d in files.items() if before.get(p) != d},
+        "todos": [{**t, "status": "completed"} for t in state["todos"]],
+        "usage": [*result.get("usage", []), usage_of("orchestrator", result["messages"])],
+        "started_at": started,
+    }
+
+
+async def check_citations(
+    state: State, runtime: Runtime[Context], *, deps: ResearchDeps
+) -> dict[str, Any]:
+    """The deterministic check plus the critic's reading; failures become `unsupported`."""
+    report = file_text(state, REPORT_PATH)
+    records = await deps.tools.fetch_log.for_thread(runtime.context.thread_id)
+    result = check_report(report, records)
+    flags = await critique(report, state, deps.critic)
+    unsupported = [f"{c.plain} — {c.reason}" for c in result.failing]
+    flagged = flagged_lines(result, flags)
+    unsupported += [f"{text} — critic: {why}" for text, why in flagged.values()]
+    verification = {
+        "round": state.get("critique_round", 0),
+        "citations": len(result.citations),
+        "passing": sum(c.passed for c in result.citations),
+        "failing_claims": [c.plain for c in result.failing],
+        "critic_flags": [text for text, _ in flagged.values()],
+    }
+    return {"unsupported": unsupported, "verifications": [verification]}
+
+
+async def critique(report: str, state: State, critic: Runnable[Any, Any]) -> list[Flag]:
+    """The critic's flags on the report, read against the notes; none for an empty report."""
+    if not report.strip():
+        return []
+    notes = "\n\n".join(
+        f"<notes path={p!r}>\n{file_text(state, p)}\n</notes>"
+        for p in sorted(state.get("files") or {})
+        if p.startswith("/notes/")
+    )
+    answer = await critic.ainvoke(
+        [
+            SystemMessage(CRITIC_PROMPT),
+            HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
+        ]
+    )
+    try:
+        return Critique.model_validate(answer).flags
+    except ValidationError:
+        return []
+
+
+def route_after_check(state: State, *, deps: ResearchDeps) -> Literal["reopen_claims", "finalize"]:
+    if (
+        state.get("unsupported")
+        and state.get("critique_round", 0) < deps.settings.research_critique_rounds
+    ):
+        return "reopen_claims"
+    return "finalize"
+
+
+def reopen_claims(state: State) -> dict[str, Any]:
+    """Each unsupported claim becomes a todo: re-research it with a source, or remove it."""
+    new: list[Todo] = []
+    for item in state["unsupported"]:
+        claim, _, reason = item.rpartition(" — ")
+        text = f"Re-research or remove ({reason[:60]}): {claim or item}"
+        new.append({"content": text[:200], "status": "pending"})
+    done = [t for t in state["todos"] if t["status"] == "completed"]
+    return {"todos": done + new, "critique_round": state.get("critique_round", 0) + 1}
+
+
+async def finalize(
+    state: State, runtime: Runtime[Context], *, deps: ResearchDeps
+) -> dict[str, Any]:
+    """At the end (or the cap): remove what still fails, so the report has only checked claims."""
+    report = file_text(state, REPORT_PATH)
+    records = await deps.tools.fetch_log.for_thread(runtime.context.thread_id)
+    result = check_report(report, records)
+    verifications = state.get("verifications") or []
+    critic_flags = set(verifications[-1]["critic_flags"]) if verifications else set()
+    flagged = {
+        c.line: "critic: quote does not support the claim"
+        for c in result.claims
+        if c.plain in critic_flags
+    }
+    removal = remove_failing(report, result, flagged=flagged)
+    checked = check_report(removal.report, records)
+    if not checked.ok:  # removal drops every failing line, so this is a broken invariant
+        msg = "a report with a failing citation would have been delivered"
+        raise AssertionError(msg)
+    final = removal.report if checked.claims else ""
+    await remember_sources(result, records, runtime)
+    metrics = run_metrics(state, removed=len(removal.not_verified))
+    reply = final or "I could not verify any claim for this question, so there is no report."
+    messages: list[Any] = [AIMessage(reply)]
+    if removal.not_verified:
+        listing = "\n".join(f"- {item}" for item in removal.not_verified)
+        messages.append(AIMessage(f"Not verified (removed from the report):\n{listing}"))
+    return {
+        "report": final,
+        "not_verified": removal.not_verified,
+        # The thread's final_report.md is the checked one, or none: never the raw draft.
+        "files": {REPORT_PATH: _file(final, state) if final else None},
+        "metrics": metrics,
+        "messages": messages,
+    }
 
 
 async def remember_sources(
