@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from chainlit.auth import clear_auth_cookie
+from chainlit.auth import clear_auth_cookie, get_current_user
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from langchain_core.messages import AIMessage
@@ -22,6 +22,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId, flag_client_identity
+from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
@@ -50,6 +51,29 @@ WIPE_PHRASE = "delete my data"
 PAUSED = "paused"
 SAVED = "saved"
 
+CATEGORY_LABELS: dict[str, str] = {
+    "profile": "Profile",
+    "preference": "Preferences",
+    "fact": "Facts",
+    "relationship": "Relationships",
+    "work": "Work",
+    "health": "Health (sensitive)",
+    "religion": "Religion (sensitive)",
+    "politics": "Politics (sensitive)",
+    "sexuality": "Sexuality (sensitive)",
+    "finance_sensitive": "Finance (sensitive)",
+    "other": "Other",
+}
+"""What the page calls each category of graphs/memory/policy.py (a test keeps them in step)."""
+
+NO_NAME = "Your account"
+"""Shown when the login carried no name: never the raw account id."""
+
+
+def category_label(key: str) -> str:
+    """The page's name for a category key; a key the policy does not know reads as "Other"."""
+    return CATEGORY_LABELS.get(key, CATEGORY_LABELS["other"])
+
 
 def _runtime() -> AppRuntime:
     from ui.runtime import get_runtime
@@ -61,6 +85,22 @@ def _runtime() -> AppRuntime:
 
 
 Runtime = Annotated["AppRuntime", Depends(_runtime)]
+
+
+async def display_name(
+    user: Annotated[Any, Depends(get_current_user)], user_id: CurrentUserId, runtime: Runtime
+) -> str:
+    """The signed-in user's name, from the verified session: the name the login provider
+    gave (kept in the signed session token), else the bundled login's account name."""
+    name = str(getattr(user, "display_name", None) or "").strip()
+    provider, _, subject = user_id.partition(":")
+    if not name and provider == LOCAL_PROVIDER_ID and runtime.accounts is not None:
+        account = await runtime.accounts.get_by_subject(subject)
+        name = (account.display_name or account.username) if account else ""
+    return name[:100] or NO_NAME
+
+
+DisplayName = Annotated[str, Depends(display_name)]
 
 
 def _not_found(what: str, user_id: str, ident: str) -> HTTPException:
@@ -116,7 +156,9 @@ def build_router() -> APIRouter:
         return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
 
     @router.get("/api/memory")
-    async def overview(user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+    async def overview(
+        user_id: CurrentUserId, name: DisplayName, runtime: Runtime
+    ) -> dict[str, Any]:
         memory = _memory(runtime, user_id)
         settings = await memory.settings()
         conversations = await _conversations(runtime, user_id)
@@ -124,6 +166,8 @@ def build_router() -> APIRouter:
         memories = sorted(await memory.all_memories(), key=lambda m: (m.category, m.content))
         return {
             "user": user_id,
+            "display_name": name,
+            "category_labels": CATEGORY_LABELS,
             "settings": {
                 "enabled": settings.enabled,
                 "opted_in": sorted(settings.opted_in),
@@ -267,6 +311,7 @@ def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
         "key": m.key,
         "content": m.content,
         "category": m.category,
+        "category_label": category_label(m.category),
         "updated_at": m.updated_at,
         "confidence": m.confidence,
         "edited_at": (m.source.get("edited") or {}).get("at"),
@@ -323,6 +368,7 @@ async def _suggestions(
                         "id": f"{PAUSED}:{thread_id}:{interrupt.id}",
                         "content": str(value.get("content", "")),
                         "category": str(value.get("category", "")),
+                        "category_label": category_label(str(value.get("category", ""))),
                         "thread_id": thread_id,
                         "conversation": names.get(thread_id),
                     }
@@ -334,6 +380,7 @@ async def _suggestions(
                 "id": f"{SAVED}:{suggestion.get('key')}",
                 "content": str(suggestion.get("content", "")),
                 "category": str(suggestion.get("category", "")),
+                "category_label": category_label(str(suggestion.get("category", ""))),
                 "thread_id": source_thread,
                 "conversation": names.get(source_thread) if source_thread else None,
             }
