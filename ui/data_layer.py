@@ -15,11 +15,9 @@ from chainlit.data.chainlit_data_layer import ISO_FORMAT, ChainlitDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.step import StepDict
 from chainlit.types import ThreadDict
-from fastapi import HTTPException
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
-from auth.ownership import NOT_FOUND
 from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
@@ -227,16 +225,3 @@ class PostgresDataLayer(ChainlitDataLayer):
 
     async def close(self) -> None:
         """The pool belongs to the app, which closes it on shutdown."""
-
-
-async def require_thread_author(username: str, thread_id: str) -> bool:
-    """Replacement for chainlit.data.acl.is_thread_author: unknown and foreign threads get one answer."""
-    from chainlit.data import get_data_layer
-
-    data_layer = get_data_layer()
-    author = await data_layer.get_thread_author(thread_id) if data_layer else ""
-    if not author or author != username:
-        if author:
-            log.warning("refused: %s asked for thread %s of another user", username, thread_id)
-        raise HTTPException(status_code=404, detail=NOT_FOUND)
-    return True

@@ -9,7 +9,6 @@ header from an allowed origin; the session cookie is SameSite=Lax.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -37,6 +36,7 @@ from graphs.memory.manage import (
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
 from ui.agents import agent_by_key
+from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
 
 if TYPE_CHECKING:
     from ui.runtime import AppRuntime
@@ -288,7 +288,7 @@ def build_router() -> APIRouter:
         if body.confirm.strip().lower() != WIPE_PHRASE:
             raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
         report = await runtime.privacy.wipe_account(user_id)
-        await _disconnect_sockets(user_id)
+        await disconnect_user_sockets(user_id)
         clear_auth_cookie(request, response)
         return {
             "wipe_id": report.wipe_id,
@@ -425,39 +425,9 @@ async def _resume_paused(
         (str(m.text) for m in reversed(result.get("messages", [])) if isinstance(m, AIMessage)),
         "",
     )
-    await _add_reply_to_conversation(runtime, thread_id, reply)
+    await write_assistant_message(runtime.pool, thread_id, reply)
     wanted = normalise_fact(str(asked.get("content", "")))
     stored = any(
         normalise_fact(m.content) == wanted for m in await _memory(runtime, user_id).all_memories()
     )
     return {"stored": stored, "reply": reply}
-
-
-async def _add_reply_to_conversation(runtime: AppRuntime, thread_id: str, text: str) -> None:
-    """The resumed run's answer also appears in the conversation when it is reopened.
-
-    Written to Chainlit's step table directly: its data layer only records steps inside a
-    live chat session, and this answer came from the page.
-    """
-    if not text:
-        return
-    async with runtime.pool.connection() as conn:
-        await conn.execute(
-            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
-            '"endTime", "showInput", "isError") '
-            "SELECT %s, id, 'Cairn', 'assistant_message', %s, '{}', now(), now(), 'json', false "
-            'FROM "Thread" WHERE id = %s',
-            (str(uuid.uuid4()), text, thread_id),
-        )
-
-
-async def _disconnect_sockets(user_id: str) -> None:
-    """End this worker's live chat connections of the user (other workers refuse the
-    ended session at its next event)."""
-    from chainlit.server import sio
-    from chainlit.session import WebsocketSession, ws_sessions_id
-
-    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
-    for session in sessions:
-        if getattr(session.user, "identifier", None) == user_id:
-            await sio.disconnect(session.socket_id)

@@ -52,9 +52,11 @@ def test_see_edit_and_delete_memories_with_provenance(app_server, browser):
     expect(page.locator("#who")).to_have_text("alice")
     # Categories read as words: the group headings, the filter and the opt-in boxes.
     headings = page.locator("#memories h3").all_inner_texts()
-    assert headings and set(headings) <= set(CATEGORY_LABELS.values()), headings
+    assert headings
+    assert set(headings) <= set(CATEGORY_LABELS.values()), headings
     options = page.locator("#category-filter option").all_inner_texts()
-    assert options[0] == "All categories" and set(options[1:]) == set(headings), options
+    assert options[0] == "All categories"
+    assert set(options[1:]) == set(headings), options
     expect(page.locator("#opt-in")).to_contain_text("Finance (sensitive)")
     expect(page.locator("#opt-in")).not_to_contain_text("finance")
     link = row.get_by_role("link")

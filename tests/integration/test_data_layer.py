@@ -16,7 +16,8 @@ from fastapi import HTTPException
 
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
-from ui.data_layer import PostgresDataLayer, require_thread_author
+from ui.chainlit_patches import require_thread_author
+from ui.data_layer import PostgresDataLayer
 
 pytestmark = pytest.mark.integration
 

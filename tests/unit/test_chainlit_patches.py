@@ -115,7 +115,7 @@ def test_a_browser_session_id_is_one():
 @pytest.mark.parametrize("session_id", HOSTILE)
 async def test_connect_refuses_a_hostile_session_id_before_chainlit(session_id):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     auth = {"sessionId": session_id, "clientType": "webapp", "threadId": ""}
     with pytest.raises(SocketRefused):
         await sio.handlers["/"]["connect"]("sid", {}, auth)
@@ -195,7 +195,7 @@ JUNK_MESSAGES = [
 @pytest.mark.parametrize("payload", JUNK_MESSAGES)
 async def test_a_malformed_client_message_never_reaches_chainlit(payload):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == []
     assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
@@ -203,7 +203,7 @@ async def test_a_malformed_client_message_never_reaches_chainlit(payload):
 
 async def test_a_browser_message_reaches_chainlit():
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     payload = {"message": _step(), "fileReferences": [{"id": "f"}]}
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == [("client_message", ("sid", payload))]
@@ -212,7 +212,7 @@ async def test_a_browser_message_reaches_chainlit():
 @pytest.mark.parametrize("event", ["edit_message", "message_favorite", "audio_chunk"])
 async def test_events_of_features_turned_off_are_refused(event):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"][event]("sid", {"message": {"id": "x", "output": "y"}})
     assert sio.calls == []
 
@@ -224,7 +224,7 @@ async def test_a_handler_failure_shows_a_fixed_text():
         raise KeyError("id")
 
     sio.handlers["/"]["stop"] = broken
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"]["stop"]("sid")
     assert sio.emitted == [("toast", {"message": chainlit_patches.FAILED, "type": "error"})]
 
