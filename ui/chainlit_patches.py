@@ -630,7 +630,8 @@ async def require_thread_author(username: str, thread_id: str) -> bool:
 
 # --- output: model text reaches the browser only sanitised (policy in ui/output_guard.py) ---
 
-_chainlit_task_content = chainlit.element.TaskList.preprocess_content
+CHAINLIT_TASK_CONTENT = chainlit.element.TaskList.preprocess_content
+"""Chainlit's own, which the sanitised one runs after cleaning the titles."""
 
 
 def guard_output() -> None:
@@ -649,7 +650,7 @@ def guard_output() -> None:
 async def _sanitised_task_content(self: chainlit.element.TaskList) -> None:
     for task in self.tasks:
         task.title = sanitise_text(task.title)
-    await _chainlit_task_content(self)
+    await CHAINLIT_TASK_CONTENT(self)
 
 
 class SanitisingEmitter(ChainlitEmitter):

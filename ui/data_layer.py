@@ -1,4 +1,9 @@
-"""Chainlit's conversation store on the app's shared psycopg pool, with thread owners that never change."""
+"""Chainlit's conversation store on the app's shared psycopg pool, with thread owners that never change.
+
+Chainlit's documented extension point (`cl.data_layer`), so it stays out of
+ui/chainlit_patches.py; the Chainlit 2.12.0 code it overrides or copies is pinned by
+tests/unit/test_chainlit_patches.py like the patches are.
+"""
 
 from __future__ import annotations
 
