@@ -488,3 +488,26 @@ async def test_only_the_users_own_sockets_are_disconnected(
         monkeypatch.setitem(ws_sessions_id, str(uuid.uuid4()), session)
     assert await chainlit_patches.disconnect_user_sockets("cairn:alice") == 2
     assert sorted(ended) == ["s1", "s3"]
+
+
+async def test_busy_shows_the_run_busy_and_idle_again_even_when_it_fails() -> None:
+    from chainlit.context import init_http_context
+
+    signals: list[str] = []
+
+    class Emitter:
+        async def task_start(self) -> None:
+            signals.append("busy")
+
+        async def task_end(self) -> None:
+            signals.append("idle")
+
+    async def failing_run() -> None:
+        async with chainlit_patches.busy():
+            signals.append("run")
+            raise RuntimeError
+
+    init_http_context().emitter = Emitter()  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        await failing_run()
+    assert signals == ["busy", "run", "idle"]
