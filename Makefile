@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy app.py auth graphs ui
+	$(BIN)/lint-imports
 
 test: $(STAMP) browser lint
 	$(BIN)/python -m pytest tests

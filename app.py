@@ -4,7 +4,8 @@ import chainlit as cl
 from chainlit.server import app
 
 from auth.oauth import oauth_callback
-from ui import chat, research, runtime
+from ui import chat, runtime
+from ui.actions import ANSWER_ACTION, RETRY_ACTION
 from ui.data_layer import PostgresDataLayer
 
 # Also installs every Chainlit patch (ui/chainlit_patches.py) before Chainlit serves.
@@ -19,7 +20,5 @@ cl.on_chat_start(chat.start_chat)
 cl.on_chat_resume(chat.resume_chat)
 cl.on_message(chat.handle_message)
 cl.on_settings_update(chat.update_settings)
-cl.action_callback("retry")(chat.retry_turn)
-cl.action_callback("resume")(chat.resume_interrupt)
-cl.action_callback("plan_review")(chat.review_plan)
-cl.action_callback("research_plan")(chat.chat_handler(research.review_plan_action))
+cl.action_callback(RETRY_ACTION)(chat.retry_turn)
+cl.action_callback(ANSWER_ACTION)(chat.answer_question)

@@ -17,26 +17,7 @@ from psycopg.rows import dict_row
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
-LOCAL_AUTH_DDL = """
-CREATE TABLE IF NOT EXISTS local_accounts (
-    username text PRIMARY KEY,
-    subject text UNIQUE NOT NULL,
-    password_hash text NOT NULL,
-    display_name text,
-    created_at timestamptz DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS local_oidc_codes (
-    code_hash text PRIMARY KEY,
-    subject text NOT NULL,
-    client_id text NOT NULL,
-    redirect_uri text NOT NULL,
-    nonce text,
-    expires_at timestamptz NOT NULL,
-    used_at timestamptz
-);
-CREATE INDEX IF NOT EXISTS local_oidc_codes_expires_at_idx ON local_oidc_codes (expires_at);
-"""
-
+# Tables local_accounts and local_oidc_codes: migration 0003_local_auth (graphs/core/migrations.py).
 USERNAME_PATTERN = re.compile(r"[a-z0-9_.-]{3,64}")
 PASSWORD_MIN_LENGTH = 8
 PASSWORD_MAX_LENGTH = 256

@@ -8,19 +8,13 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 
+# Defined below auth so graphs code can raise it too; importers keep naming it from here.
+from graphs.core.errors import NOT_FOUND, ThreadNotFound
+
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
 
 log = logging.getLogger("cairn.security")
-
-NOT_FOUND = "Conversation not found"
-
-
-class ThreadNotFound(LookupError):
-    """Unknown or someone else's thread: the same refusal, so existence is never revealed."""
-
-    def __init__(self) -> None:
-        super().__init__(NOT_FOUND)
 
 
 @dataclass(frozen=True)

@@ -251,9 +251,6 @@ async def bench_jobs(p: Persistence, jobs_count: int = 400) -> dict[str, Any]:
 
 
 async def main() -> None:
-    from auth.local_accounts import LOCAL_AUTH_DDL
-    from graphs.memory.jobs import migrations
-
     with tempfile.TemporaryDirectory(prefix="cairn-bench-") as folder:
         os.chmod(folder, 0o755)
         url = os.environ.get("CAIRN_DATABASE_URL") or await asyncio.to_thread(
@@ -263,7 +260,6 @@ async def main() -> None:
         p = await open_persistence(
             settings,
             pool=make_pool(url, max_size=12),
-            extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *migrations()],
         )
         await p.embedding.embeddings.warm_up()  # type: ignore[attr-defined]
         try:

@@ -66,7 +66,6 @@ def embedding():
 @pytest.fixture(scope="module")
 async def persistence(database_url: str, embedding) -> AsyncIterator:
     """Pool, checkpointer and store on a fresh database, set up exactly as the app does."""
-    from auth.local_accounts import LOCAL_AUTH_DDL
     from graphs.core.persistence import make_pool, open_persistence
     from graphs.core.settings import Settings
 
@@ -75,7 +74,6 @@ async def persistence(database_url: str, embedding) -> AsyncIterator:
         settings,
         pool=make_pool(database_url, max_size=5),
         embedding=embedding,
-        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL)],
     )
     yield p
     await p.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     import chainlit as cl
@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.security")
 
 Payload = TypeVar("Payload", bound=BaseModel)
+
+ANSWER_ACTION = "answer"
+"""Every button under a paused run (its decision says which)."""
+RETRY_ACTION = "retry"
 
 
 class ActionRejected(ValueError):
@@ -25,6 +29,17 @@ class RetryPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     thread_id: str
+
+
+class AnswerPayload(BaseModel):
+    """A button press answering one pending question of the session's thread. Which decisions
+    are allowed depends on the question; the runner checks that against the checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thread_id: str
+    interrupt_id: str = Field(max_length=200)
+    decision: str = Field(max_length=40)
 
 
 def parse_payload(model: type[Payload], action: cl.Action, *, thread_id: str) -> Payload:

@@ -17,7 +17,7 @@ The patches, in the order `install` applies them:
 - output: the sanitising emitter and task list (`SanitisingEmitter`, `guard_output`).
 
 And helpers for code that must reach Chainlit's internals: `mount_before_catch_all` (routes
-before Chainlit's catch-all), `busy` (the task signals action callbacks lack),
+before Chainlit's catch-all), `task_signals` (the busy/idle signals action callbacks lack),
 `disconnect_user_sockets` (Chainlit's socket registry) and `write_assistant_message`
 (Chainlit's Step table). ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
 documented extension point); the Chainlit SQL it copies is pinned by the same test.
@@ -698,7 +698,7 @@ class SanitisingEmitter(ChainlitEmitter):
 
 
 @asynccontextmanager
-async def busy() -> AsyncIterator[None]:
+async def task_signals() -> AsyncIterator[None]:
     """Show the run as busy, and idle again afterwards.
 
     Chainlit sends `task_start`/`task_end` around `on_message` only (socket.py

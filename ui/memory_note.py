@@ -36,13 +36,18 @@ def memory_note(results: Iterable[ToolMessage]) -> str | None:
     """
     lines: list[str] = []
     for message in results:
-        artifact = message.artifact
-        if not isinstance(artifact, dict) or artifact.get("kind") != "memory":
-            continue
-        line = _plain(str(artifact.get("note", "")).strip())
+        line = memory_note_text(message)
         if line and line not in lines:
             lines.append(line)
     return "\n".join(f"Memory: {line}" for line in lines) or None
+
+
+def memory_note_text(message: ToolMessage) -> str | None:
+    """The code's verdict a memory tool attached to its answer ("Not saved: …"), escaped."""
+    artifact = message.artifact
+    if not isinstance(artifact, dict) or artifact.get("kind") != "memory":
+        return None
+    return plain(str(artifact.get("note", "")).strip()) or None
 
 
 async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
@@ -55,6 +60,6 @@ async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
     return message
 
 
-def _plain(text: str) -> str:
+def plain(text: str) -> str:
     """Markdown-escaped: a fact's text shows as typed, never as a link or an image."""
     return _MARKDOWN_RE.sub(r"\\\1", " ".join(text.split()))

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from chainlit.auth import clear_auth_cookie, get_current_user
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
-from langchain_core.messages import AIMessage
-from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
-from graphs.core.context import Context
-from graphs.core.runlock import ThreadBusy
 from graphs.memory.manage import (
     MemoryNotFound,
     MemoryRefused,
@@ -35,8 +31,8 @@ from graphs.memory.manage import (
 )
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
-from ui.agents import agent_by_key
 from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
+from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
     from ui.runtime import AppRuntime
@@ -393,38 +389,25 @@ async def _resume_paused(
 ) -> dict[str, Any]:
     """Answer a paused confirmation from this page: the same Command(resume=...) the chat's
     buttons send, after the same ownership and pending-interrupt checks."""
-    from auth.ownership import require_owner
-
     ident = f"{thread_id}:{interrupt_id}"
+    surface = HeadlessSurface()
     try:
-        owned = await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+        pending = await runtime.runner.pending(user_id=user_id, thread_id=thread_id)
     except ThreadNotFound:
         raise _not_found("suggestion", user_id, ident) from None
-    graph = runtime.graphs.get(owned.agent)
-    if graph is None:
+    asked = next((i.value for i in pending if i.id == interrupt_id), None)
+    if not isinstance(asked, dict) or asked.get("kind") != "confirm_memory":
         raise _not_found("suggestion", user_id, ident)
-    config: Any = {"configurable": {"thread_id": thread_id}}
-    assert runtime.run_locks is not None
-    try:
-        async with runtime.run_locks.hold(thread_id):
-            state = await graph.aget_state(config)
-            pending = {i.id: i.value for i in state.interrupts}
-            if interrupt_id not in pending:
-                raise _not_found("suggestion", user_id, ident)
-            asked = pending[interrupt_id] if isinstance(pending[interrupt_id], dict) else {}
-            context = Context(
-                user_id=user_id, thread_id=thread_id, agent=owned.agent, memory=not owned.temporary
-            )
-            command: Command[Any] = Command(resume={interrupt_id: {"decision": decision}})
-            result = await graph.ainvoke(
-                command, config, context=context, durability=agent_by_key(owned.agent).durability
-            )
-    except ThreadBusy as exc:
-        raise HTTPException(status_code=409, detail=str(exc)) from None
-    reply = next(
-        (str(m.text) for m in reversed(result.get("messages", [])) if isinstance(m, AIMessage)),
-        "",
+    outcome = await runtime.runner.answer(
+        surface, user_id=user_id, thread_id=thread_id, interrupt_id=interrupt_id, decision=decision
     )
+    if outcome.status == "busy":
+        raise HTTPException(status_code=409, detail=surface.errors[-1])
+    if outcome.status in ("not_found", "refused"):
+        raise _not_found("suggestion", user_id, ident)
+    if outcome.status not in ("done", "paused"):
+        raise HTTPException(status_code=503, detail=surface.errors[-1] if surface.errors else "")
+    reply = outcome.reply or ""
     await write_assistant_message(runtime.pool, thread_id, reply)
     wanted = normalise_fact(str(asked.get("content", "")))
     stored = any(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from auth.local_accounts import LOCAL_AUTH_DDL, LocalAccounts
+from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
 from auth.sessions import EndedSessionGuard, SessionRevocations
@@ -23,16 +23,15 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.jobs import MemoryJobs
-from graphs.memory.jobs import migrations as memory_job_migrations
-from graphs.planner.sql import migrations as planner_migrations
+from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
+from ui.agents.research import corpus_router
 from ui.chainlit_patches import mount_before_catch_all
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
-from ui.privacy import Privacy
 from ui.request_guard import RequestGuard
-from ui.research import corpus_router
+from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
 
 if TYPE_CHECKING:
@@ -55,6 +54,13 @@ class AppRuntime:
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
     _privacy: Privacy | None = None
+    _runner: Runner | None = None
+
+    @property
+    def runner(self) -> Runner:
+        """Where every turn runs (ui/runner.py)."""
+        assert self._runner is not None, "Cairn is still starting"
+        return self._runner
 
     @property
     def privacy(self) -> Privacy:
@@ -142,15 +148,7 @@ async def start() -> None:
     if runtime is None:
         msg = "prepare() must run before start()"
         raise RuntimeError(msg)
-    persistence = await open_persistence(
-        runtime.settings,
-        pool=runtime.pool,
-        extra_migrations=[
-            ("0003_local_auth", LOCAL_AUTH_DDL),
-            *memory_job_migrations(),
-            *planner_migrations(),
-        ],
-    )
+    persistence = await open_persistence(runtime.settings, pool=runtime.pool)
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)
     warm_up = getattr(persistence.embedding.embeddings, "warm_up", None)
@@ -159,10 +157,17 @@ async def start() -> None:
     runtime.graphs = {
         agent.key: agent.build(checkpointer=persistence.checkpointer, store=persistence.store)
         for agent in AGENTS
-        if agent.build is not None
     }
     runtime.revocations = SessionRevocations(runtime.pool)
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
+    assert runtime.run_locks is not None
+    runtime._runner = Runner(
+        agents=AGENTS,
+        graphs=runtime.graphs,
+        threads=PostgresThreads(runtime.pool),
+        locks=runtime.run_locks,
+        services=runtime,
+    )
     runtime._privacy = Privacy(
         pool=runtime.pool,
         store=persistence.store,

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any, Literal
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, ToolCall
-from langchain_core.messages.tool import tool_call
+from langchain_core.messages import AIMessage, HumanMessage
 
-from graphs.core.offline import OfflineChatModel
+from graphs.core.offline import OfflineChatModel, Turn, bullet_lines, fenced_blocks, say
 from graphs.memory.policy import MemoryOp, MemoryOps
 
 _REMEMBER = re.compile(r"^\s*(?:please\s+)?remember(?:\s+that)?\s+(.+?)\s*[.!]?\s*$", re.I | re.S)
 _FORGET = re.compile(r"^\s*(?:please\s+)?forget(?:\s+that)?\s+(.+?)\s*[.!]?\s*$", re.I | re.S)
-_MEMORY_LINE = re.compile(r"^- (.+)$", re.M)
 _STORED_LINE = re.compile(r"^- ([a-z0-9_]+): (.+)$", re.M)
 
 # (pattern on a first-person sentence, slot key or None, how to phrase it about the user)
@@ -58,45 +55,50 @@ def first_person_to_user(text: str) -> str:
     return text if text.lower().startswith("user") else f"User: {text}"
 
 
-def route_tools(messages: list[BaseMessage], tool_names: tuple[str, ...]) -> ToolCall | None:
-    """'remember that ...' calls remember; 'forget ...' calls forget."""
-    text = str(messages[-1].text)
-    call_id = "call_" + hashlib.sha256(f"{len(messages)}:{text}".encode()).hexdigest()[:24]
-    if "remember" in tool_names and (match := _REMEMBER.match(text)):
-        fact = first_person_to_user(match[1])
-        return tool_call(name="remember", args={"fact": fact, "category": "fact"}, id=call_id)
-    if "forget" in tool_names and (match := _FORGET.match(text)):
-        return tool_call(name="forget", args={"what": first_person_to_user(match[1])}, id=call_id)
+class OfflineAssistant(OfflineChatModel):
+    """With `remember` / `forget` bound, "remember that ..." and "forget ..." call them; a text
+    reply echoes the user and lists the facts recall fenced into the prompt; asked for
+    MemoryOps (the memory writer), first-person statements become memory operations."""
+
+    def respond(self, turn: Turn) -> AIMessage | None:
+        if isinstance(turn.last, HumanMessage):
+            if call := _memory_call(turn):
+                return turn.calls(call)
+            return say(_echo(turn))
+        return None  # after a tool result: the generic "<tool> returned: ..."
+
+    def answer(self, schema: Any, turn: Turn) -> Any:
+        if schema is not MemoryOps:
+            return None
+        stored = dict(_STORED_LINE.findall(turn.data))
+        ops: list[MemoryOp] = []
+        for line in "\n".join(turn.human).splitlines():
+            said = _user_line(line)
+            if said is not None:
+                ops.extend(_ops_for(said, stored))
+        return MemoryOps(ops=ops[:20])
+
+
+def offline_assistant() -> OfflineChatModel:
+    return OfflineAssistant()
+
+
+def _memory_call(turn: Turn) -> tuple[str, dict[str, Any]] | None:
+    """'remember that ...' calls remember; 'forget ...' calls forget (when they are bound)."""
+    if "remember" in turn.tools and (match := _REMEMBER.match(turn.request)):
+        return "remember", {"fact": first_person_to_user(match[1]), "category": "fact"}
+    if "forget" in turn.tools and (match := _FORGET.match(turn.request)):
+        return "forget", {"what": first_person_to_user(match[1])}
     return None
 
 
-def reply_text(messages: list[BaseMessage]) -> str | None:
-    """Echo the user, and show which memories recall put into the prompt."""
-    system = next((m for m in messages if isinstance(m, SystemMessage)), None)
-    human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
-    said = str(human.text)[:200] if human else ""
-    prompt = str(system.text) if system else ""
-    # Only a closed block is the real one (the instructions mention the opening tag too).
-    block = prompt.split("<user_memories>")[-1] if "</user_memories>" in prompt else ""
-    remembered = _MEMORY_LINE.findall(block.split("</user_memories>")[0]) if block else []
+def _echo(turn: Turn) -> str:
+    """Echo the user, and show which memories recall put into the prompt (its fenced lines)."""
+    said = f"You said: {turn.request[:200]}"
+    remembered = [line for block in fenced_blocks(turn.data) for line in bullet_lines(block)]
     if not remembered:
-        return f"You said: {said}"
-    return f"You said: {said}\nWhat I remember about you: " + "; ".join(remembered)
-
-
-def propose_memories(schema: Any, messages: list[BaseMessage]) -> Any:
-    """The memory writer's structured output: first-person statements become memory ops."""
-    if schema is not MemoryOps:
-        return None
-    system = next((str(m.text) for m in messages if isinstance(m, SystemMessage)), "")
-    stored = dict(_STORED_LINE.findall(system.split("Forgotten")[0]))
-    transcript = "\n".join(str(m.text) for m in messages if isinstance(m, HumanMessage))
-    ops: list[MemoryOp] = []
-    for line in transcript.splitlines():
-        said = _user_line(line)
-        if said is not None:
-            ops.extend(_ops_for(said, stored))
-    return MemoryOps(ops=ops[:20])
+        return said
+    return f"{said}\nWhat I remember about you: " + "; ".join(remembered)
 
 
 def _user_line(line: str) -> str | None:
@@ -128,9 +130,3 @@ def _ops_for(sentence: str, stored: dict[str, str]) -> list[MemoryOp]:
                 )
             )
     return ops
-
-
-def offline_assistant() -> OfflineChatModel:
-    return OfflineChatModel(
-        tool_router=route_tools, text_responder=reply_text, structured_responder=propose_memories
-    )

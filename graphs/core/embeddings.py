@@ -16,7 +16,7 @@ from langchain_core.embeddings import Embeddings
 from graphs.core.settings import default_model_cache
 
 if TYPE_CHECKING:
-    from graphs.core.persistence import Pool
+    from graphs.core.pool import Pool
     from graphs.core.settings import Settings
 
 LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"

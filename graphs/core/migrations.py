@@ -1,22 +1,46 @@
-"""The app's own schema (Chainlit conversations, thread owners, metadata), applied once at start-up."""
+"""Every migration of Cairn's database, in the one order they apply, applied at start-up.
+
+One list, here, for the whole app: Cairn's own tables, Chainlit's conversation tables, the
+bundled login's accounts, the job queue, the research fetch log and the Planner's demo
+dataset. The SQL is data, so it lives here rather than beside the code that reads the tables;
+each entry says which module owns the tables it makes.
+
+An id is recorded in `cairn_migrations.name` once its script ran, and a database skips every
+id it has recorded. So ids are never renamed, renumbered or reused, and a released script is
+never edited: a change is a new entry at the end, with the next number. Ids are unique and
+their numbers increase down the list (tests/unit/test_migrations.py); the gap before 0100 is
+from when the Planner kept its own list, and stays so existing databases keep their record.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from graphs.tools.fetchlog import FETCH_LOG_DDL
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from graphs.core.persistence import Pool
+    from graphs.core.pool import Pool
 
 # Any number; it only has to be the same for every worker starting against one database.
 _MIGRATION_LOCK_ID = 7_246_021
 
-# Append-only: a released migration is never edited, a change is a new entry.
-MIGRATIONS: list[tuple[str, str]] = [
-    (
-        "0001_core",
-        """
+DEMO_SCHEMA = "analytics_demo"
+"""The Planner's demo dataset (graphs/planner/sql.py queries it)."""
+ANALYST_ROLE = "cairn_analyst"
+"""The SELECT-only role the Planner's tools connect as. Connecting AS it (not SET ROLE) means a
+query cannot RESET ROLE back to the app's rights."""
+
+
+class Migration(NamedTuple):
+    id: str
+    """Recorded in cairn_migrations.name: its meaning never changes."""
+    sql: str | Callable[[], str]
+    """The script (several statements), or a function returning it for one kept by a library."""
+
+    def script(self) -> str:
+        return self.sql if isinstance(self.sql, str) else self.sql()
+
+
+CORE_SQL = """
         CREATE TABLE IF NOT EXISTS cairn_meta (
             key text PRIMARY KEY,
             value jsonb NOT NULL
@@ -30,11 +54,9 @@ MIGRATIONS: list[tuple[str, str]] = [
             created_at timestamptz NOT NULL DEFAULT now()
         );
         CREATE INDEX IF NOT EXISTS cairn_threads_owner_idx ON cairn_threads (owner_id);
-        """,
-    ),
-    (
-        "0002_chainlit",
         """
+
+CHAINLIT_SQL = """
         -- Chainlit's conversation tables, as its ChainlitDataLayer reads and writes them.
         CREATE TABLE IF NOT EXISTS "User" (
             id text PRIMARY KEY DEFAULT gen_random_uuid()::text,
@@ -102,11 +124,55 @@ MIGRATIONS: list[tuple[str, str]] = [
             comment text
         );
         CREATE INDEX IF NOT EXISTS "Feedback_stepId_idx" ON "Feedback" ("stepId");
-        """,
-    ),
-    (
-        "0006_privacy",
         """
+
+# The bundled login (auth/local_accounts.py, auth/local_oidc.py); unused tables when an
+# external OpenID provider is configured.
+LOCAL_AUTH_SQL = """
+CREATE TABLE IF NOT EXISTS local_accounts (
+    username text PRIMARY KEY,
+    subject text UNIQUE NOT NULL,
+    password_hash text NOT NULL,
+    display_name text,
+    created_at timestamptz DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS local_oidc_codes (
+    code_hash text PRIMARY KEY,
+    subject text NOT NULL,
+    client_id text NOT NULL,
+    redirect_uri text NOT NULL,
+    nonce text,
+    expires_at timestamptz NOT NULL,
+    used_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS local_oidc_codes_expires_at_idx ON local_oidc_codes (expires_at);
+"""
+
+
+def procrastinate_schema() -> str:
+    """The job queue's tables (graphs/memory/jobs.py), as the installed procrastinate ships them.
+
+    Loaded only when the migration has to run: importing procrastinate costs ~70 ms."""
+    from procrastinate.schema import SchemaManager
+
+    return SchemaManager.get_schema()
+
+
+# Memory writes that failed every attempt (graphs/memory/jobs.py).
+DEAD_LETTER_SQL = """
+CREATE TABLE IF NOT EXISTS memory_dead_letters (
+    id bigserial PRIMARY KEY,
+    user_id text NOT NULL,
+    thread_id text NOT NULL,
+    job_id bigint,
+    attempts integer NOT NULL,
+    error text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS memory_dead_letters_user_idx ON memory_dead_letters (user_id);
+"""
+
+PRIVACY_SQL = """
         -- Retention ages out conversations by their last activity; a temporary chat never
         -- reads or writes long-term memory.
         ALTER TABLE cairn_threads
@@ -142,15 +208,171 @@ MIGRATIONS: list[tuple[str, str]] = [
             thread_id text PRIMARY KEY,
             deleted_at timestamptz NOT NULL DEFAULT now()
         );
-        """,
-    ),
-    # The research fetch log: what fetch_url fetched, per thread (graphs/tools/fetchlog.py).
-    ("0007_research_fetch_log", FETCH_LOG_DDL),
-]
+        """
+
+# The research fetch log: what fetch_url fetched, per thread (graphs/tools/fetchlog.py).
+FETCH_LOG_SQL = """
+CREATE TABLE IF NOT EXISTS research_fetch_log (
+    id bigserial PRIMARY KEY,
+    thread_id text NOT NULL,
+    url text NOT NULL,
+    final_url text NOT NULL,
+    fetched_at timestamptz NOT NULL DEFAULT now(),
+    status integer NOT NULL,
+    content_hash text NOT NULL,
+    title text NOT NULL DEFAULT '',
+    content text NOT NULL DEFAULT '',
+    error text
+);
+CREATE INDEX IF NOT EXISTS research_fetch_log_thread_idx ON research_fetch_log (thread_id, id);
+"""
+
+# The Planner's demo dataset and the analyst role (graphs/planner/sql.py).
+# Deterministic pseudo-random numbers in SQL: a multiplicative hash of the row number.
+ANALYTICS_DEMO_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS {DEMO_SCHEMA};
+
+CREATE TABLE IF NOT EXISTS {DEMO_SCHEMA}.customers (
+    customer_id integer PRIMARY KEY,
+    name text NOT NULL,
+    region text NOT NULL,
+    segment text NOT NULL,
+    signup_date date NOT NULL
+);
+COMMENT ON TABLE {DEMO_SCHEMA}.customers IS 'Demo customers (fictional companies), one row each';
+
+CREATE TABLE IF NOT EXISTS {DEMO_SCHEMA}.subscriptions (
+    subscription_id integer PRIMARY KEY,
+    customer_id integer NOT NULL REFERENCES {DEMO_SCHEMA}.customers,
+    plan text NOT NULL,
+    mrr numeric(10, 2) NOT NULL,
+    started_on date NOT NULL,
+    ended_on date
+);
+COMMENT ON TABLE {DEMO_SCHEMA}.subscriptions IS 'One subscription per customer; mrr is monthly recurring revenue in USD; ended_on is set when it churned';
+
+CREATE TABLE IF NOT EXISTS {DEMO_SCHEMA}.churn_events (
+    event_id integer PRIMARY KEY,
+    customer_id integer NOT NULL REFERENCES {DEMO_SCHEMA}.customers,
+    subscription_id integer NOT NULL REFERENCES {DEMO_SCHEMA}.subscriptions,
+    region text NOT NULL,
+    quarter text NOT NULL,
+    churned_on date NOT NULL,
+    reason text NOT NULL,
+    lost_mrr numeric(10, 2) NOT NULL
+);
+COMMENT ON TABLE {DEMO_SCHEMA}.churn_events IS 'One row per cancelled subscription; quarter looks like 2026-Q3';
+
+CREATE TABLE IF NOT EXISTS {DEMO_SCHEMA}.revenue (
+    quarter text NOT NULL,
+    region text NOT NULL,
+    revenue numeric(12, 2) NOT NULL,
+    active_customers integer NOT NULL,
+    PRIMARY KEY (quarter, region)
+);
+COMMENT ON TABLE {DEMO_SCHEMA}.revenue IS 'Recognised subscription revenue (USD) and active customers per quarter and region';
+
+INSERT INTO {DEMO_SCHEMA}.customers
+SELECT i,
+       format('Customer %s', lpad(i::text, 4, '0')),
+       CASE WHEN mod(i * 7919, 100) < 40 THEN 'North America'
+            WHEN mod(i * 7919, 100) < 70 THEN 'EMEA'
+            WHEN mod(i * 7919, 100) < 90 THEN 'APAC'
+            ELSE 'LATAM' END,
+       CASE WHEN mod(i * 104729, 10) < 6 THEN 'SMB'
+            WHEN mod(i * 104729, 10) < 9 THEN 'Mid-Market'
+            ELSE 'Enterprise' END,
+       date '2024-01-01' + mod(i * 37, 540)
+FROM generate_series(1, 2400) AS i
+ON CONFLICT DO NOTHING;
+
+INSERT INTO {DEMO_SCHEMA}.subscriptions
+SELECT c.customer_id, c.customer_id,
+       CASE c.segment WHEN 'SMB' THEN 'Starter' WHEN 'Mid-Market' THEN 'Growth' ELSE 'Enterprise' END,
+       CASE c.segment WHEN 'SMB' THEN 49 + mod(c.customer_id * 13, 100)
+                      WHEN 'Mid-Market' THEN 400 + mod(c.customer_id * 17, 800)
+                      ELSE 3000 + mod(c.customer_id * 19, 6000) END,
+       c.signup_date,
+       NULL
+FROM {DEMO_SCHEMA}.customers AS c
+ON CONFLICT DO NOTHING;
+
+WITH churned AS (
+    SELECT c.customer_id, c.region,
+           c.signup_date + 90 + mod(c.customer_id * 53, 600) AS churned_on
+    FROM {DEMO_SCHEMA}.customers AS c
+    WHERE mod(c.customer_id * 48271, 1000) <
+          (CASE c.region WHEN 'North America' THEN 180 WHEN 'EMEA' THEN 220
+                         WHEN 'APAC' THEN 260 ELSE 340 END)
+          * (CASE c.segment WHEN 'Enterprise' THEN 0.5 ELSE 1 END)
+)
+INSERT INTO {DEMO_SCHEMA}.churn_events
+SELECT ch.customer_id, ch.customer_id, ch.customer_id, ch.region,
+       to_char(ch.churned_on, 'YYYY-"Q"Q'),
+       ch.churned_on,
+       (ARRAY['price', 'missing features', 'support experience', 'moved to a competitor',
+              'budget cuts'])[1 + mod(ch.customer_id * 31, 5)],
+       s.mrr
+FROM churned AS ch
+JOIN {DEMO_SCHEMA}.subscriptions AS s ON s.subscription_id = ch.customer_id
+WHERE ch.churned_on <= date '2026-09-30'
+ON CONFLICT DO NOTHING;
+
+UPDATE {DEMO_SCHEMA}.subscriptions AS s SET ended_on = e.churned_on
+FROM {DEMO_SCHEMA}.churn_events AS e
+WHERE e.subscription_id = s.subscription_id AND s.ended_on IS NULL;
+
+INSERT INTO {DEMO_SCHEMA}.revenue
+SELECT to_char(q, 'YYYY-"Q"Q'), c.region,
+       sum(s.mrr * 3), count(*)
+FROM generate_series(date '2024-01-01', date '2026-07-01', interval '3 months') AS q
+JOIN {DEMO_SCHEMA}.subscriptions AS s
+  ON s.started_on < q + interval '3 months' AND (s.ended_on IS NULL OR s.ended_on >= q)
+JOIN {DEMO_SCHEMA}.customers AS c ON c.customer_id = s.customer_id
+GROUP BY 1, 2
+ON CONFLICT DO NOTHING;
+
+-- The analyst role: log in, read this schema, nothing else. Needs CREATEROLE; a database
+-- whose operator manages roles (see README) skips this and sets CAIRN_ANALYTICS_DATABASE_URL.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ANALYST_ROLE}') THEN
+        CREATE ROLE {ANALYST_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT
+            NOREPLICATION NOBYPASSRLS CONNECTION LIMIT 20;
+    END IF;
+    ALTER ROLE {ANALYST_ROLE} SET default_transaction_read_only = on;
+    ALTER ROLE {ANALYST_ROLE} SET statement_timeout = '10s';
+    ALTER ROLE {ANALYST_ROLE} SET idle_in_transaction_session_timeout = '30s';
+    ALTER ROLE {ANALYST_ROLE} SET work_mem = '4MB';
+    ALTER ROLE {ANALYST_ROLE} SET temp_file_limit = '64MB';
+    ALTER ROLE {ANALYST_ROLE} SET search_path = {DEMO_SCHEMA};
+    EXECUTE format('GRANT USAGE ON SCHEMA {DEMO_SCHEMA} TO {ANALYST_ROLE}');
+    EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA {DEMO_SCHEMA} TO {ANALYST_ROLE}');
+EXCEPTION
+    WHEN insufficient_privilege OR duplicate_object THEN
+        RAISE NOTICE 'analytics role not set up here: %', SQLERRM;
+END
+$$;
+"""  # noqa: S608 (built from constants only)
+
+# Append-only, in id order.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("0001_core", CORE_SQL),
+    Migration("0002_chainlit", CHAINLIT_SQL),
+    Migration("0003_local_auth", LOCAL_AUTH_SQL),
+    Migration("0004_procrastinate", procrastinate_schema),
+    Migration("0005_memory_dead_letters", DEAD_LETTER_SQL),
+    Migration("0006_privacy", PRIVACY_SQL),
+    Migration("0007_research_fetch_log", FETCH_LOG_SQL),
+    Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
+)
 
 
-async def migrate(pool: Pool, extra: list[tuple[str, str]] | None = None) -> list[str]:
-    """Apply pending migrations under an advisory lock; returns the names applied now."""
+async def migrate(pool: Pool, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
+    """Apply the pending migrations in order under an advisory lock; returns the ids applied now.
+
+    A database made before the list was one (its migrations were applied in another order)
+    has the same ids recorded, so nothing runs twice."""
     applied_now: list[str] = []
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_ID,))
@@ -160,10 +382,11 @@ async def migrate(pool: Pool, extra: list[tuple[str, str]] | None = None) -> lis
         )
         cur = await conn.execute("SELECT name FROM cairn_migrations")
         done = {row["name"] for row in await cur.fetchall()}
-        for name, sql in [*MIGRATIONS, *(extra or [])]:
-            if name in done:
+        for migration in migrations:
+            if migration.id in done:
                 continue
-            await conn.execute(sql, prepare=False)  # a script: may hold several statements
-            await conn.execute("INSERT INTO cairn_migrations (name) VALUES (%s)", (name,))
-            applied_now.append(name)
+            # A script: may hold several statements.
+            await conn.execute(migration.script(), prepare=False)
+            await conn.execute("INSERT INTO cairn_migrations (name) VALUES (%s)", (migration.id,))
+            applied_now.append(migration.id)
     return applied_now

@@ -1,4 +1,14 @@
-"""Deterministic stand-in chat model, used when no model key is configured."""
+"""Deterministic stand-in chat model, used when no model key is configured.
+
+It never reads the app's instructions. What it does is chosen by what it is offered: the
+structured-output schema (`with_structured_output`) and the tools bound (`bind_tools`); a test
+can script a call explicitly with `/tool <name> <json-args>` (whole scripted conversations:
+tests/fakes.ScriptedChatModel). What it reads is data: the user's messages, tool results, and
+lines the app's code renders from state (numbered steps, "- key: value" lines, blocks fenced in
+<tags>), never a prompt's sentences or headings, so rewording a prompt cannot change a reply
+(tests/unit/test_offline_ignores_prompts.py rewords them all). Each agent's behaviour is a
+subclass overriding `respond` and `answer`, both given a `Turn`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,8 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -15,7 +27,7 @@ from langchain_core.messages import (
     AIMessageChunk,
     BaseMessage,
     HumanMessage,
-    ToolCall,
+    SystemMessage,
     ToolMessage,
 )
 from langchain_core.messages.tool import tool_call, tool_call_chunk
@@ -23,7 +35,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 REPLY_PREFIX = "(offline model) "
@@ -44,26 +56,115 @@ _FORMAT_EXAMPLES = {
 }
 _MAX_NESTING = 4
 """Deeper than this, arrays stay empty so self-referencing schemas terminate."""
+NUMBERED_LINE = re.compile(r"^\d+[.)]\s+(.+?)\s*$")
+"""An item of a numbered list ("1. ...", "2) ...")."""
+_FENCED = re.compile(r"<([a-z_]+)>((?:(?!<\1>).)*?)</\1>", re.DOTALL)
+"""A closed <tag>...</tag> block; the latest opening before the close, so a prompt that merely
+mentions the tag does not swallow the text after the mention."""
 
-StructuredResponder = Callable[[type | dict[str, Any], list[BaseMessage]], Any]
-ToolRouter = Callable[[list[BaseMessage], tuple[str, ...]], ToolCall | None]
-TextResponder = Callable[[list[BaseMessage]], str | None]
+
+@dataclass(frozen=True)
+class Turn:
+    """One model call as the offline model sees it: the conversation and the tools it may call."""
+
+    messages: list[BaseMessage]
+    tools: tuple[str, ...]
+
+    @property
+    def last(self) -> BaseMessage | None:
+        return self.messages[-1] if self.messages else None
+
+    @cached_property
+    def human(self) -> list[str]:
+        """The human messages' text: the user's words, or the task handed to a subagent."""
+        return [str(m.text) for m in self.messages if isinstance(m, HumanMessage)]
+
+    @property
+    def request(self) -> str:
+        """The latest human message."""
+        return self.human[-1] if self.human else ""
+
+    @property
+    def task(self) -> str:
+        """The first human message: what this conversation was started for."""
+        return self.human[0] if self.human else ""
+
+    @cached_property
+    def data(self) -> str:
+        """The system messages' text: read it only for rendered data (numbered lines, "- key:
+        value" lines, fenced blocks), never for its wording, which is the prompt's."""
+        return "\n".join(str(m.text) for m in self.messages if isinstance(m, SystemMessage))
+
+    @cached_property
+    def results(self) -> list[tuple[str, str]]:
+        """(tool name, result text) of this conversation's tool calls, in order."""
+        names = {
+            c["id"]: c["name"]
+            for m in self.messages
+            if isinstance(m, AIMessage)
+            for c in m.tool_calls
+        }
+        return [
+            (m.name or names.get(m.tool_call_id, "tool"), str(m.text))
+            for m in self.messages
+            if isinstance(m, ToolMessage)
+        ]
+
+    def calls(self, *calls: tuple[str, dict[str, Any]]) -> AIMessage:
+        """A reply calling these tools, with ids fixed by the conversation so far."""
+        seed = f"{len(self.messages)}:{self.request}"
+        return AIMessage(
+            content="",
+            tool_calls=[
+                tool_call(name=name, args=args, id=call_id(f"{seed}:{i}:{name}:{args}"))
+                for i, (name, args) in enumerate(calls)
+            ],
+        )
+
+
+def say(text: str) -> AIMessage:
+    """A text reply, marked as the offline model's."""
+    return AIMessage(f"{REPLY_PREFIX}{text}")
+
+
+def call_id(seed: str) -> str:
+    return "call_" + hashlib.sha256(seed.encode()).hexdigest()[:24]
+
+
+def fenced_blocks(text: str) -> list[str]:
+    """The bodies of closed <tag>...</tag> blocks: the data the app fences off in a prompt."""
+    return [body for _tag, body in _FENCED.findall(text)]
+
+
+def bullet_lines(text: str) -> list[str]:
+    return re.findall(r"^- (.+)$", text, re.M)
+
+
+def first_sentence(text: str) -> str:
+    return re.split(r"(?<=[.!?])\s", " ".join(text.split()), maxsplit=1)[0]
+
+
+def truncate(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class OfflineChatModel(BaseChatModel):
-    """Echoes the user, runs `/tool` commands and fills structured outputs with minimal values."""
+    """Echoes the user, runs `/tool` commands and fills structured outputs with minimal values.
+
+    An agent's offline behaviour subclasses it and overrides `respond` (text and tool calls)
+    and `answer` (structured output), choosing by `turn.tools` and the schema."""
 
     tool_names: tuple[str, ...] = ()
     """Names of the tools bound with `bind_tools`."""
 
-    structured_responder: StructuredResponder | None = Field(default=None, exclude=True)
-    """Asked first for structured output: `(schema, messages) -> value`; None falls back."""
+    def respond(self, turn: Turn) -> AIMessage | None:
+        """The agent's reply to this turn; None falls back to the generic one."""
+        return None
 
-    tool_router: ToolRouter | None = Field(default=None, exclude=True)
-    """An agent's plain-language rules for calling its tools: `(messages, tool_names) -> call`."""
-
-    text_responder: TextResponder | None = Field(default=None, exclude=True)
-    """An agent's reply text for a conversation, after the REPLY_PREFIX; None falls back."""
+    def answer(self, schema: dict[str, Any] | type, turn: Turn) -> Any:
+        """The agent's structured output for this schema; None falls back to a minimal value."""
+        return None
 
     @property
     def _llm_type(self) -> str:
@@ -143,46 +244,43 @@ class OfflineChatModel(BaseChatModel):
         return RunnableLambda(respond, afunc=arespond, name="OfflineStructuredOutput")
 
     def _reply(self, messages: list[BaseMessage]) -> AIMessage:
-        last = messages[-1] if messages else None
-        if isinstance(last, ToolMessage):
-            result = _truncate(str(last.text))
-            return AIMessage(f"{REPLY_PREFIX}{_tool_name(last, messages)} returned: {result}")
-        call = self._requested_tool_call(messages)
-        if call is None and self.tool_router is not None and isinstance(last, HumanMessage):
-            call = self.tool_router(messages, self.tool_names)
-        if call is not None:
-            return AIMessage(content="", tool_calls=[call])
-        text = self.text_responder(messages) if self.text_responder else None
-        if text is not None:
-            return AIMessage(f"{REPLY_PREFIX}{text}")
-        return AIMessage(f"{REPLY_PREFIX}You said: {_truncate(_last_human_text(messages))}")
-
-    def _requested_tool_call(self, messages: list[BaseMessage]) -> ToolCall | None:
-        last = messages[-1] if messages else None
-        if not isinstance(last, HumanMessage):
-            return None
-        match = TOOL_COMMAND.fullmatch(str(last.text).strip())
-        if match is None or match[1] not in self.tool_names:
-            return None
-        try:
-            args = json.loads(match[2] or "{}")
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(args, dict):
-            return None
-        # Position plus text: repeating a command later in a thread gets a fresh id.
-        digest = hashlib.sha256(f"{len(messages)}:{last.text}".encode()).hexdigest()[:24]
-        return tool_call(name=match[1], args=args, id=f"call_{digest}")
+        turn = Turn(list(messages), self.tool_names)
+        reply = _tool_command(turn) or self.respond(turn)
+        if reply is not None:
+            return reply
+        if isinstance(turn.last, ToolMessage):
+            name, result = turn.results[-1]
+            return say(f"{name} returned: {truncate(result)}")
+        return say(f"You said: {truncate(turn.request)}")
 
     def _structured(self, schema: dict[str, Any] | type, messages: list[BaseMessage]) -> Any:
-        answer = self.structured_responder(schema, messages) if self.structured_responder else None
+        turn = Turn(list(messages), self.tool_names)
+        answer = self.answer(schema, turn)
         if answer is None:
             root = _json_schema(schema)
-            text = _first_sentence(_last_human_text(messages)) or REPLY_PREFIX.strip()
+            text = first_sentence(turn.request) or REPLY_PREFIX.strip()
             answer = minimal_value(root, root.get("$defs", {}), text)
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             return schema.model_validate(answer)
         return answer  # TypedDicts and dict schemas come back as plain dicts, as with ChatOpenAI
+
+
+def _tool_command(turn: Turn) -> AIMessage | None:
+    """`/tool <name> <json-args>` as the last message calls that bound tool (tests, demos)."""
+    if not isinstance(turn.last, HumanMessage):
+        return None
+    match = TOOL_COMMAND.fullmatch(turn.request.strip())
+    if match is None or match[1] not in turn.tools:
+        return None
+    try:
+        args = json.loads(match[2] or "{}")
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    # Position plus text: repeating a command later in a thread gets a fresh id.
+    seed = f"{len(turn.messages)}:{turn.request}"
+    return AIMessage(content="", tool_calls=[tool_call(name=match[1], args=args, id=call_id(seed))])
 
 
 def message_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:
@@ -266,24 +364,3 @@ def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
         function = schema.get("function", schema)
         return dict(function.get("parameters", function))
     return dict(convert_to_openai_tool(schema)["function"]["parameters"])
-
-
-def _last_human_text(messages: list[BaseMessage]) -> str:
-    human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
-    return str(human.text) if human else ""
-
-
-def _first_sentence(text: str) -> str:
-    return re.split(r"(?<=[.!?])\s", " ".join(text.split()), maxsplit=1)[0]
-
-
-def _truncate(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 1] + "…"
-
-
-def _tool_name(result: ToolMessage, messages: list[BaseMessage]) -> str:
-    if result.name:
-        return result.name
-    calls = (c for m in messages if isinstance(m, AIMessage) for c in m.tool_calls)
-    return next((c["name"] for c in calls if c["id"] == result.tool_call_id), "tool")

@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import select
 import struct
 import time
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import langgraph.checkpoint.postgres.aio as _saver_module
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -22,7 +20,6 @@ from psycopg import AsyncConnection
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from graphs.core.embeddings import (
     EmbeddingSpec,
@@ -31,6 +28,7 @@ from graphs.core.embeddings import (
     check_embedding_record,
 )
 from graphs.core.migrations import migrate
+from graphs.core.pool import Pool, StampingPool, check_if_idle
 from graphs.core.saver import CairnSaver
 from graphs.core.store import PipelinedStore
 
@@ -41,9 +39,6 @@ if TYPE_CHECKING:
 os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 
 log = logging.getLogger(__name__)
-
-Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
-"""The one pool type of the app: autocommit connections returning dict rows."""
 
 
 def start_embedded_postgres(data_dir: Path, *, throwaway: bool = False) -> str:
@@ -64,13 +59,6 @@ async def database_url(settings: Settings) -> str:
     if settings.database_url is not None:
         return settings.database_url.get_secret_value()
     return await asyncio.to_thread(start_embedded_postgres, settings.data_dir)
-
-
-# A connection handed back less than this long ago is lent again without a ping. Pinging on
-# every checkout cost ~24 extra round trips per chat turn; a connection idle for longer (the
-# only kind a Postgres restart can have broken unnoticed) is still checked before use.
-CHECK_IDLE_AFTER_S = 1.0
-_returned_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
 class _VectorDumper(Dumper):
@@ -98,35 +86,6 @@ _saver_module._DELTA_PAGE_SIZE = DELTA_HISTORY_PAGE  # type: ignore[attr-defined
 
 async def _configure(conn: AsyncConnection[DictRow]) -> None:
     conn.adapters.register_dumper(Vector, _VectorDumper)
-
-
-class StampingPool(AsyncConnectionPool[Any]):
-    """A pool that notes when each connection came back, for `check_if_idle`.
-
-    Stamped in putconn rather than with the pool's `reset` callback: a pool with a reset
-    callback hands every returned connection to a worker task, ~6 extra task switches a turn.
-    """
-
-    async def putconn(self, conn: Any) -> None:
-        _returned_at[conn] = time.monotonic()
-        await super().putconn(conn)
-
-
-async def check_if_idle(conn: AsyncConnection[DictRow]) -> None:
-    """Ping connections that sat idle, or whose socket has something to say (a terminated
-    backend sends its farewell, so the socket turns readable): both cost a round trip only
-    when there is a reason to doubt the connection."""
-    idle = time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IDLE_AFTER_S
-    if idle or conn.closed or _socket_readable(conn):
-        await AsyncConnectionPool.check_connection(conn)
-
-
-def _socket_readable(conn: AsyncConnection[DictRow]) -> bool:
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
 
 
 PREPARE_THRESHOLD = 5
@@ -203,9 +162,9 @@ async def open_persistence(
     *,
     pool: Pool | None = None,
     embedding: EmbeddingSpec | None = None,
-    extra_migrations: list[tuple[str, str]] | None = None,
 ) -> Persistence:
-    """Open the pool (made here unless given), run every setup() once, check the embeddings."""
+    """Open the pool (made here unless given), apply the app's migrations (all of them, in
+    graphs.core.migrations' order), run every setup() once, check the embeddings."""
     if pool is None:
         url = await database_url(settings)
         pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
@@ -213,7 +172,7 @@ async def open_persistence(
     try:
         async with pool.connection() as conn:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        applied = await migrate(pool, extra_migrations)
+        applied = await migrate(pool)
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
         embedding = embedding or build_embeddings(settings)

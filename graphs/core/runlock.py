@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from graphs.core.pool import open_lock_pool
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from graphs.core.persistence import Pool
+    from graphs.core.pool import Pool
 
 
 class ThreadBusy(RuntimeError):
@@ -39,8 +41,6 @@ class ThreadRunLocks:
 
     async def _pool(self) -> AsyncConnectionPool[Any]:
         if self._lock_pool is None:
-            from graphs.memory.locks import open_lock_pool
-
             self._lock_pool = await open_lock_pool(self._app_pool, max_size=self._max)
         return self._lock_pool
 

@@ -22,35 +22,14 @@ if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.store.base import BaseStore
 
-    from graphs.core.persistence import Pool
+    from graphs.core.pool import Pool
 
 log = logging.getLogger("cairn.memory")
 
+# Tables: procrastinate's (migration 0004_procrastinate) and memory_dead_letters (0005), in
+# graphs/core/migrations.py.
 QUEUE = "memory"
 TASK_NAME = "cairn.write_memory"
-
-DEAD_LETTER_DDL = """
-CREATE TABLE IF NOT EXISTS memory_dead_letters (
-    id bigserial PRIMARY KEY,
-    user_id text NOT NULL,
-    thread_id text NOT NULL,
-    job_id bigint,
-    attempts integer NOT NULL,
-    error text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS memory_dead_letters_user_idx ON memory_dead_letters (user_id);
-"""
-
-
-def migrations() -> list[tuple[str, str]]:
-    """Schema the jobs need, for graphs.core.migrations.migrate(extra=...)."""
-    from procrastinate.schema import SchemaManager
-
-    return [
-        ("0004_procrastinate", SchemaManager.get_schema()),
-        ("0005_memory_dead_letters", DEAD_LETTER_DDL),
-    ]
 
 
 class SharedPoolConnector(procrastinate.PsycopgConnector):

@@ -9,31 +9,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from graphs.core.persistence import StampingPool, check_if_idle
+from graphs.core.pool import open_lock_pool
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from langgraph.store.base import BaseStore
 
-    from graphs.core.persistence import Pool
-
-
-async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPool[Any]:
-    """A small autocommit pool for session-level advisory locks, beside the app's pool: a lock
-    holder also needs app connections, and taking both from one pool can deadlock."""
-    pool: AsyncConnectionPool[Any] = StampingPool(
-        app_pool.conninfo,
-        min_size=1,
-        max_size=max_size,
-        open=False,
-        kwargs={"autocommit": True},
-        # As the app's pool: a round trip only for a connection that sat idle or looks dead,
-        # not before every lock (each chat turn and memory job takes one).
-        check=check_if_idle,
-    )
-    await pool.open()
-    return pool
+    from graphs.core.pool import Pool
 
 
 class UserLocks(Protocol):

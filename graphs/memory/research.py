@@ -11,18 +11,16 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from graphs.research.files import memory_namespace_for, memory_problem
+from graphs.memory.policy import detect_secret, looks_like_instruction
+from graphs.memory.scoped import MissingIdentity, user_label
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from langgraph.store.base import BaseStore
-
-    from graphs.research.citations import CheckResult
-    from graphs.tools.fetchlog import FetchRecord
 
 log = logging.getLogger("cairn.research")
 
@@ -31,6 +29,56 @@ SOURCES_KEY = "/source_reliability.md"
 MAX_SOURCES = 20
 DECAY = timedelta(days=180)
 _LINE = re.compile(r"^- (\S+): (\d+)/(\d+) quoted excerpts verified \(last (\d{4}-\d{2}-\d{2})\)$")
+MAX_MEMORY_LINE_CHARS = 240
+"""Longer lines look like copied page text, which never goes into memory."""
+_CONTACT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+|\+?\d[\d ()-]{7,}\d")
+
+
+# What this module reads of the research graph's types (graphs.research.citations.CheckResult
+# and graphs.tools.fetchlog.FetchRecord), so memory depends on no agent and no tool.
+class CheckedCitation(Protocol):
+    @property
+    def url(self) -> str: ...
+    @property
+    def passed(self) -> bool: ...
+
+
+class CheckedReport(Protocol):
+    @property
+    def citations(self) -> Sequence[CheckedCitation]: ...
+
+
+class FetchedPage(Protocol):
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def final_url(self) -> str: ...
+
+
+def memory_namespace_for(user_id: object) -> tuple[str, ...]:
+    if not isinstance(user_id, str) or not user_id.strip():
+        msg = "research memories need the verified user's id"
+        raise MissingIdentity(msg)
+    return (user_label(user_id), "research", "memories")
+
+
+def memory_problem(content: str) -> str | None:
+    """Research memories are short learnings about sources: no page text, secrets or personal data."""
+    if "<untrusted_page" in content or "fetch_log_id:" in content:
+        return "it contains raw page text"
+    if detect_secret(content) is not None:
+        return "it looks like it contains a secret"
+    for match in _CONTACT.finditer(content):
+        if "@" in match[0] or sum(ch.isdigit() for ch in match[0]) >= 9:
+            return "it contains personal contact details"
+    for line in content.splitlines():
+        if len(line) > MAX_MEMORY_LINE_CHARS:
+            return "a line is long enough to be copied page text"
+        if line.strip() and looks_like_instruction(line.strip("-* ")):
+            return "it reads like an instruction rather than a learning"
+    return None
 
 
 class ResearchMemory:
@@ -50,7 +98,9 @@ class ResearchMemory:
                 stats[match[1]] = (int(match[2]), int(match[3]), match[4])
         return stats
 
-    async def record_check(self, result: CheckResult, fetched: Iterable[FetchRecord]) -> str | None:
+    async def record_check(
+        self, result: CheckedReport, fetched: Iterable[FetchedPage]
+    ) -> str | None:
         """Add this report's per-source pass counts; returns the file written (None if refused).
 
         `fetched` is the thread's fetch log. Only sources it holds a page from are counted: a
@@ -88,7 +138,7 @@ class ResearchMemory:
         return content
 
 
-def fetched_sources(records: Iterable[FetchRecord]) -> set[str]:
+def fetched_sources(records: Iterable[FetchedPage]) -> set[str]:
     """The sources the thread really read a page from (requested and final address)."""
     return {source_of(url) for r in records if r.ok for url in (r.url, r.final_url)}
 

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-)
-from langchain_core.messages.tool import tool_call
+from langchain_core.messages import AIMessage
 
-from graphs.core.offline import REPLY_PREFIX, OfflineChatModel
+from graphs.core.offline import (
+    NUMBERED_LINE,
+    REPLY_PREFIX,
+    OfflineChatModel,
+    Turn,
+    bullet_lines,
+    fenced_blocks,
+    say,
+)
 from graphs.planner.sql import markdown_tables
 from graphs.planner.state import Act, Plan, Response
 
@@ -35,7 +34,6 @@ REVENUE_BY_REGION = (
     "ORDER BY revenue DESC"
 )
 TABLES = ("churn_events", "subscriptions", "customers", "revenue")
-_NUMBERED = re.compile(r"^\d+[.)]\s+(.+?)\s*$")
 
 
 def draft_plan(goal: str) -> list[str]:
@@ -57,94 +55,85 @@ def draft_plan(goal: str) -> list[str]:
     return steps
 
 
-def structured_answer(schema: Any, messages: list[BaseMessage]) -> Any:
-    """Plan for the planner, Act for the replanner; None for other schemas."""
-    system = _system_text(messages)
-    if schema is Plan:
-        return Plan(steps=_planned_steps(system, _last_human(messages)))
-    if schema is Act:
-        remaining = _section_steps(system, "Remaining plan:")
-        if remaining:
-            return Act(action=Plan(steps=remaining))
-        return Act(action=Response(response=_answer(system)))
-    return None
-
-
-def route_tools(messages: list[BaseMessage], tool_names: tuple[str, ...]) -> ToolCall | None:
-    """One plan step -> the query a careful analyst would run for it."""
-    step = str(messages[-1].text).lower()
-    call_id = "call_" + hashlib.sha256(f"{len(messages)}:{step}".encode()).hexdigest()[:24]
-    call: tuple[str, dict[str, Any]] | None = None
-    if "list" in step and "table" in step:
-        call = ("list_tables", {})
-    elif "describe" in step or "columns" in step:
-        table = next((t for t in TABLES if t in step), "churn_events")
-        call = ("describe_table", {"table": table})
-    elif "churn" in step and "reason" in step:
-        call = ("sql_query", {"query": CHURN_BY_REASON})
-    elif "churn" in step:
-        call = ("sql_query", {"query": CHURN_BY_REGION})
-    elif "revenue" in step:
-        call = ("sql_query", {"query": REVENUE_BY_REGION})
-    if call is None or call[0] not in tool_names:
-        return None
-    return tool_call(name=call[0], args=call[1], id=call_id)
-
-
-def reply_text(messages: list[BaseMessage]) -> str | None:
-    """A step without a matching query, or the partial answer at the step budget."""
-    system = _system_text(messages)
-    if "step budget" in system and "partial answer" in system:
-        done = _section_steps(system, "Completed steps:")
-        left = _section_steps(system, "Steps not run:")
-        return (
-            "Established so far: "
-            + ("; ".join(done) or "nothing yet")
-            + ". Not run: "
-            + ("; ".join(left) or "nothing")
-            + "."
-        )
-    return f"No query matched this step, so it produced no data: {_last_human(messages)[:160]}"
-
-
 class OfflinePlannerModel(OfflineChatModel):
-    """After a tool call, a one-line step summary instead of echoing the raw tool output: the
-    executor keeps the output itself verbatim in the step's result."""
+    """Asked for a Plan, drafts one for the goal; asked for an Act, continues with the steps
+    not run yet or answers from the figures found; with the SQL tools bound, runs the query a
+    plan step names and sums up its output in one line; with no tools, writes the partial answer.
 
-    def _reply(self, messages: list[BaseMessage]) -> AIMessage:
-        last = messages[-1] if messages else None
-        if not isinstance(last, ToolMessage):
-            return super()._reply(messages)
-        name = last.name or "the tool"
-        output = re.sub(r"</?tool_output[^>]*>", "", str(last.text)).strip()
-        if output.startswith("ERROR:"):
-            return AIMessage(f"{REPLY_PREFIX}{name} failed: {output.splitlines()[0]}")
-        return AIMessage(f"{REPLY_PREFIX}{name} returned the data below.")
+    Prompts are not read: the steps and results come from the lists the graph renders (completed
+    steps as "N. step" followed by a "Result:" line, steps still to run as bare "N. step")."""
+
+    def answer(self, schema: Any, turn: Turn) -> Any:
+        if schema is Plan:
+            # A fenced block of free text (not a list, as past plans are) is the reviewer's note.
+            notes = [
+                b.strip() for b in fenced_blocks(turn.data) if b.strip() and not bullet_lines(b)
+            ]
+            note = [f"Take the reviewer's note into account: {n[:200]}" for n in notes[:1]]
+            return Plan(steps=draft_plan(turn.request) + note)
+        if schema is Act:
+            _done, left = _rendered_steps(turn.data)
+            if left:
+                return Act(action=Plan(steps=left))
+            return Act(action=Response(response=_answer(turn.data)))
+        return None
+
+    def respond(self, turn: Turn) -> AIMessage | None:
+        if turn.results:
+            # A one-line summary, not an echo: the executor keeps the output verbatim itself.
+            name, result = turn.results[-1]
+            output = re.sub(r"</?tool_output[^>]*>", "", result).strip()
+            if output.startswith("ERROR:"):
+                return say(f"{name} failed: {output.splitlines()[0]}")
+            return say(f"{name} returned the data below.")
+        if turn.tools:
+            call = _query_for(turn.request)
+            if call is not None and call[0] in turn.tools:
+                return turn.calls(call)
+            return say(f"No query matched this step, so it produced no data: {turn.request[:160]}")
+        done, left = _rendered_steps(turn.data)  # no tools: the partial answer at the budget
+        established, not_run = "; ".join(done) or "nothing yet", "; ".join(left) or "nothing"
+        return say(f"Established so far: {established}. Not run: {not_run}.")
 
 
 def offline_planner() -> OfflineChatModel:
-    return OfflinePlannerModel(
-        structured_responder=structured_answer, tool_router=route_tools, text_responder=reply_text
-    )
+    return OfflinePlannerModel()
 
 
-def _planned_steps(system: str, goal: str) -> list[str]:
-    feedback = system.split("<reviewer_feedback>")[-1] if "</reviewer_feedback>" in system else ""
-    feedback = feedback.split("</reviewer_feedback>")[0].strip()
-    steps = draft_plan(goal)
-    if feedback:
-        steps.append(f"Take the reviewer's note into account: {feedback[:200]}")
-    return steps
+def _query_for(step: str) -> tuple[str, dict[str, Any]] | None:
+    """One plan step -> the query a careful analyst would run for it."""
+    step = step.lower()
+    if "list" in step and "table" in step:
+        return "list_tables", {}
+    if "describe" in step or "columns" in step:
+        return "describe_table", {"table": next((t for t in TABLES if t in step), "churn_events")}
+    if "churn" in step and "reason" in step:
+        return "sql_query", {"query": CHURN_BY_REASON}
+    if "churn" in step:
+        return "sql_query", {"query": CHURN_BY_REGION}
+    if "revenue" in step:
+        return "sql_query", {"query": REVENUE_BY_REGION}
+    return None
 
 
-def _answer(system: str) -> str:
-    goal = next((line[6:] for line in system.splitlines() if line.startswith("Goal: ")), "")
-    completed = system.split("Completed steps:")[-1].split("Remaining plan:")[0]
-    tables = markdown_tables(completed)
+def _rendered_steps(data: str) -> tuple[list[str], list[str]]:
+    """(completed steps, steps not run) from the step lists the graph renders into a prompt."""
+    lines = data.splitlines()
+    done: list[str] = []
+    left: list[str] = []
+    for i, line in enumerate(lines):
+        if match := NUMBERED_LINE.match(line):
+            completed = i + 1 < len(lines) and lines[i + 1].strip() == "Result:"
+            (done if completed else left).append(match[1])
+    return done, [step for step in left if step not in done]
+
+
+def _answer(data: str) -> str:
+    tables = markdown_tables(data)
     if not tables:
-        return f"(offline model) The plan ran, but found no table of figures for: {goal}"
+        return f"{REPLY_PREFIX}The plan ran, but found no table of figures."
     table = tables[-1]
-    lines = [f"(offline model) Here is what the plan found for: {goal}", ""]
+    lines = [f"{REPLY_PREFIX}Here is what the plan found:", ""]
     lines += ["| " + " | ".join(table.columns) + " |", "|" + " --- |" * len(table.columns)]
     lines += ["| " + " | ".join(row) + " |" for row in table.rows]
     if (chart := table.numeric_by_category()) is not None:
@@ -152,27 +141,3 @@ def _answer(system: str) -> str:
         top = max(range(len(values)), key=values.__getitem__)
         lines += ["", f"Highest {value_col}: {labels[top]} ({values[top]:g})."]
     return "\n".join(lines)
-
-
-def _section_steps(system: str, heading: str) -> list[str]:
-    """The numbered step lines of one prompt section (results under them are not numbered)."""
-    if heading not in system:
-        return []
-    section = system.split(heading, 1)[1]
-    for later in ("Remaining plan:", "Steps not run:"):
-        if later != heading:
-            section = section.split(later)[0]
-    return _numbered_lines(section)
-
-
-def _numbered_lines(text: str) -> list[str]:
-    return [m[1] for line in text.splitlines() if (m := _NUMBERED.match(line))]
-
-
-def _system_text(messages: list[BaseMessage]) -> str:
-    return "\n".join(str(m.text) for m in messages if isinstance(m, SystemMessage))
-
-
-def _last_human(messages: list[BaseMessage]) -> str:
-    human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
-    return str(human.text) if human else ""

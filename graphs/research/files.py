@@ -16,8 +16,7 @@ from deepagents.backends.protocol import (
 )
 from langgraph.config import get_config
 
-from graphs.memory.policy import detect_secret, looks_like_instruction
-from graphs.memory.scoped import MissingIdentity, user_label
+from graphs.memory.research import memory_namespace_for
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -31,9 +30,6 @@ NOTE_PATH = re.compile(r"^/notes/[a-z0-9][a-z0-9_-]{0,63}\.md$")
 MAX_NOTE_CHARS = 20_000
 MAX_REPORT_CHARS = 60_000
 MAX_MEMORY_CHARS = 1_000
-MAX_MEMORY_LINE_CHARS = 240
-"""Longer lines look like copied page text, which never goes into memory."""
-_CONTACT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+|\+?\d[\d ()-]{7,}\d")
 
 
 class PathRefused(PermissionError):
@@ -43,13 +39,6 @@ class PathRefused(PermissionError):
 def research_memory_namespace(runtime: Runtime[Any] | None) -> tuple[str, ...]:
     """`(user_id, "research", "memories")` from the run's verified context, never from arguments."""
     return memory_namespace_for(getattr(getattr(runtime, "context", None), "user_id", None))
-
-
-def memory_namespace_for(user_id: object) -> tuple[str, ...]:
-    if not isinstance(user_id, str) or not user_id.strip():
-        msg = "research memories need the verified user's id"
-        raise MissingIdentity(msg)
-    return (user_label(user_id), "research", "memories")
 
 
 def normalise_path(path: str) -> str:
@@ -110,23 +99,6 @@ def check_read(path: str, role: Role) -> str:
         msg = "refused: only the orchestrator reads memories"
         raise PathRefused(msg)
     return path
-
-
-def memory_problem(content: str) -> str | None:
-    """Research memories are short learnings about sources: no page text, secrets or personal data."""
-    if "<untrusted_page" in content or "fetch_log_id:" in content:
-        return "it contains raw page text"
-    if detect_secret(content) is not None:
-        return "it looks like it contains a secret"
-    for match in _CONTACT.finditer(content):
-        if "@" in match[0] or sum(ch.isdigit() for ch in match[0]) >= 9:
-            return "it contains personal contact details"
-    for line in content.splitlines():
-        if len(line) > MAX_MEMORY_LINE_CHARS:
-            return "a line is long enough to be copied page text"
-        if line.strip() and looks_like_instruction(line.strip("-* ")):
-            return "it reads like an instruction rather than a learning"
-    return None
 
 
 def _cap(content: str, limit: int, path: str) -> None:

@@ -1,25 +1,28 @@
-"""The Research agent's behaviour under the offline model: plain rules, so a whole run works without a key."""
+"""The Research agent's behaviour under the offline model: plain rules, so a whole run works without a key.
+
+The role is read off the tools it is offered: `task` (delegation) makes it the orchestrator,
+`web_search` / `fetch_url` the research subagent, `write_todos` alone the planner. The critic's
+Critique gets the generic minimal value: no flags."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.messages.tool import tool_call
+from langchain_core.messages import AIMessage
 
-from graphs.core.offline import REPLY_PREFIX, OfflineChatModel
+from graphs.core.offline import OfflineChatModel, Turn, bullet_lines, say
 from graphs.research.citations import Claim, normalise_text
 from graphs.tools.search import STOPWORDS, WORD_RE
 
-PLANNER_MARK = "You plan research"
-ORCHESTRATOR_MARK = "You are the research orchestrator"
-RESEARCHER_MARK = "You are a research subagent"
 FETCHES_PER_TOPIC = 2
 FINDINGS_PER_PAGE = 2
+TASK = "Research: {topic}. Write notes to notes/{slug}.md"
+"""How the offline orchestrator words a subagent's task, and how the offline subagent reads it."""
 _STOP = STOPWORDS | {"research", "write", "notes"}
 _GUTTER = re.compile(r"^\s*(\d+)(?:\.(\d+))?  ?(.*)$")
+_TODO = re.compile(r"^\d+\. (.+) \(notes/([a-z0-9_-]+)\.md\)$", re.M)
+"""An approved todo in the orchestrator's task, as the graph renders it."""
 
 
 class OfflineResearchModel(OfflineChatModel):
@@ -30,25 +33,18 @@ class OfflineResearchModel(OfflineChatModel):
     fix_revisions: bool = True
     """False (test hook): asked to fix unsupported claims, the orchestrator leaves them in."""
 
-    def _reply(self, messages: list[BaseMessage]) -> AIMessage:
-        system = " ".join(str(m.text) for m in messages if isinstance(m, SystemMessage))
-        if RESEARCHER_MARK in system:
-            return _researcher_step(messages)
-        if ORCHESTRATOR_MARK in system:
-            return _orchestrator_step(messages, fabricate=self.fabricate, fix=self.fix_revisions)
-        if PLANNER_MARK in system:
-            return _planner_step(messages)
-        return super()._reply(messages)
+    def respond(self, turn: Turn) -> AIMessage | None:
+        if "task" in turn.tools:
+            return _orchestrator_step(turn, fabricate=self.fabricate, fix=self.fix_revisions)
+        if "web_search" in turn.tools or "fetch_url" in turn.tools:
+            return _researcher_step(turn)
+        if "write_todos" in turn.tools:
+            return _planner_step(turn)
+        return None
 
 
 def offline_research_model(**kwargs: Any) -> OfflineResearchModel:
-    return OfflineResearchModel(structured_responder=_structured, **kwargs)
-
-
-def _structured(schema: Any, messages: list[BaseMessage]) -> Any:
-    if getattr(schema, "__name__", "") == "Critique":
-        return {"flags": []}  # the offline critic reads nothing into the quotes
-    return None
+    return OfflineResearchModel(**kwargs)
 
 
 # Planner ------------------------------------------------------------------------------------
@@ -61,37 +57,34 @@ def split_question(question: str) -> list[str]:
     return topics[:4] or [question.strip()]
 
 
-def _planner_step(messages: list[BaseMessage]) -> AIMessage:
-    question = _human(messages)
-    todos = [{"content": t[:200], "status": "pending"} for t in split_question(question)]
-    return _calls(messages, [("write_todos", {"todos": todos})])
+def _planner_step(turn: Turn) -> AIMessage:
+    todos = [{"content": t[:200], "status": "pending"} for t in split_question(turn.request)]
+    return turn.calls(("write_todos", {"todos": todos}))
 
 
 # Research subagent --------------------------------------------------------------------------
 
 
-def _researcher_step(messages: list[BaseMessage]) -> AIMessage:
-    task = _human(messages)
-    topic = re.sub(r"^Research:\s*", "", task.split(". Write notes to")[0]).strip()
-    match = re.search(r"notes/([a-z0-9][a-z0-9_-]*)\.md", task)
+def _researcher_step(turn: Turn) -> AIMessage:
+    prefix, rest = TASK.split("{topic}")
+    topic = turn.task.split(rest.split("notes/")[0])[0].removeprefix(prefix).strip()
+    match = re.search(r"notes/([a-z0-9][a-z0-9_-]*)\.md", turn.task)
     path = f"/notes/{match[1] if match else 'topic'}.md"
-    results = _tool_results(messages)
+    results = turn.results
     done = {name for name, _ in results}
     if not results:
-        return _calls(messages, [("web_search", {"query": topic})])
+        return turn.calls(("web_search", {"query": topic}))
     if "fetch_url" not in done and "write_file" not in done:
         urls = re.findall(r"^\s+url: (\S+)$", results[-1][1], re.M)[:FETCHES_PER_TOPIC]
         if not urls:
-            return _calls(
-                messages, [("write_file", {"file_path": path, "content": _notes(topic, [])})]
-            )
-        return _calls(messages, [("fetch_url", {"url": u}) for u in urls])
+            return turn.calls(("write_file", {"file_path": path, "content": _notes(topic, [])}))
+        return turn.calls(*[("fetch_url", {"url": u}) for u in urls])
     if "write_file" not in done:
         pages = [_page(text) for name, text in results if name == "fetch_url"]
         notes = _notes(topic, [p for p in pages if p is not None])
-        return _calls(messages, [("write_file", {"file_path": path, "content": notes})])
+        return turn.calls(("write_file", {"file_path": path, "content": notes}))
     findings = results[-1][1]
-    return AIMessage(f"{REPLY_PREFIX}Researched '{topic}'. {findings}. Notes: {path.lstrip('/')}")
+    return say(f"Researched '{topic}'. {findings}. Notes: {path.lstrip('/')}")
 
 
 def _page(result: str) -> dict[str, str] | None:
@@ -143,69 +136,56 @@ def _best_sentences(text: str, words: set[str]) -> list[str]:
 # Orchestrator -------------------------------------------------------------------------------
 
 
-def _orchestrator_step(messages: list[BaseMessage], *, fabricate: bool, fix: bool) -> AIMessage:
-    task = _human(messages)
-    todos = re.findall(r"^\d+\. (.+) \(notes/([a-z0-9_-]+)\.md\)$", task, re.M)
-    unsupported = re.findall(r"^- (.+)$", task.split("Unsupported claims", 1)[-1], re.M)
-    unsupported = unsupported if "Unsupported claims" in task else []
-    results = _tool_results(messages)
+def _orchestrator_step(turn: Turn, *, fabricate: bool, fix: bool) -> AIMessage:
+    """Delegate every approved todo, read the notes, write the report; or fix listed claims."""
+    todos = _TODO.findall(turn.task)
+    # The bullets after the todos are the claims the citation check refused.
+    after = max((m.end() for m in _TODO.finditer(turn.task)), default=0)
+    unsupported = bullet_lines(turn.task[after:])
+    results = turn.results
     done = [name for name, _ in results]
     if unsupported:
-        return _revise(messages, results, unsupported, fix=fix)
+        return _revise(turn, unsupported, fix=fix)
     if "task" not in done:
-        calls = [
-            (
-                "task",
-                {
-                    "description": f"Research: {topic}. Write notes to notes/{s}.md",
-                    "subagent_type": "researcher",
-                },
-            )
-            for topic, s in todos
-        ]
-        return _calls(messages, calls)
+        return turn.calls(
+            *[
+                (
+                    "task",
+                    {"description": TASK.format(topic=t, slug=s), "subagent_type": "researcher"},
+                )
+                for t, s in todos
+            ]
+        )
     if "read_file" not in done:
-        return _calls(messages, [("read_file", {"file_path": f"/notes/{s}.md"}) for _, s in todos])
+        return turn.calls(*[("read_file", {"file_path": f"/notes/{s}.md"}) for _, s in todos])
     if "write_file" not in done:
         notes = [_strip_gutter(text) for name, text in results if name == "read_file"]
-        report = _report(_question(task), notes, fabricate=fabricate)
-        return _calls(
-            messages, [("write_file", {"file_path": "/final_report.md", "content": report})]
-        )
-    return AIMessage(f"{REPLY_PREFIX}The report is in final_report.md.")
+        report = _report(_question(turn.task), notes, fabricate=fabricate)
+        return turn.calls(("write_file", {"file_path": "/final_report.md", "content": report}))
+    return say("The report is in final_report.md.")
 
 
-def _revise(
-    messages: list[BaseMessage],
-    results: list[tuple[str, str]],
-    unsupported: list[str],
-    *,
-    fix: bool,
-) -> AIMessage:
+def _revise(turn: Turn, unsupported: list[str], *, fix: bool) -> AIMessage:
     """Remove each unsupported claim with edit_file, one per turn (edits of one file don't parallelise)."""
     if not fix:
-        return AIMessage(f"{REPLY_PREFIX}I kept the report as it is.")
-    reads = [text for name, text in results if name == "read_file"]
+        return say("I kept the report as it is.")
+    reads = [text for name, text in turn.results if name == "read_file"]
     if not reads:
-        return _calls(messages, [("read_file", {"file_path": "/final_report.md"})])
+        return turn.calls(("read_file", {"file_path": "/final_report.md"}))
     lines = _strip_gutter(reads[0]).splitlines()
     wanted = [normalise_text(u.rsplit(" — ", 1)[0]) for u in unsupported]
     targets = [
         ln for ln in lines if ln.strip() and normalise_text(Claim(0, ln, []).plain) in wanted
     ]
-    edits = sum(name == "edit_file" for name, _ in results)
+    edits = sum(name == "edit_file" for name, _ in turn.results)
     if edits < len(targets):
-        line = targets[edits]
-        return _calls(
-            messages,
-            [
-                (
-                    "edit_file",
-                    {"file_path": "/final_report.md", "old_string": line + "\n", "new_string": ""},
-                )
-            ],
-        )
-    return AIMessage(f"{REPLY_PREFIX}Removed {len(targets)} unsupported claim(s).")
+        edit = {
+            "file_path": "/final_report.md",
+            "old_string": targets[edits] + "\n",
+            "new_string": "",
+        }
+        return turn.calls(("edit_file", edit))
+    return say(f"Removed {len(targets)} unsupported claim(s).")
 
 
 def _report(question: str, notes: list[str], *, fabricate: bool) -> str:
@@ -229,8 +209,9 @@ def _report(question: str, notes: list[str], *, fabricate: bool) -> str:
 
 
 def _question(task: str) -> str:
-    match = re.search(r"^Question: (.+)$", task, re.M)
-    return match[1].strip() if match else ""
+    """The task's first line, without its label: the user's question."""
+    first = task.strip().split("\n", 1)[0]
+    return re.sub(r"^\w+:\s*", "", first).strip()
 
 
 def _strip_gutter(text: str) -> str:
@@ -257,33 +238,3 @@ def _terms(text: str) -> set[str]:
     """Content words, crudely stemmed so "open" meets "opened" and "bee" meets "bees"."""
     words = (w for w in WORD_RE.findall(text.lower()) if w not in _STOP and len(w) > 2)
     return {re.sub(r"(?:ing|ed|es|s)$", "", w) if len(w) > 4 else w for w in words}
-
-
-def _human(messages: list[BaseMessage]) -> str:
-    human = next((m for m in messages if isinstance(m, HumanMessage)), None)
-    return str(human.text) if human else ""
-
-
-def _tool_results(messages: list[BaseMessage]) -> list[tuple[str, str]]:
-    """(tool name, result text) of this conversation's tool calls, in order."""
-    names = {c["id"]: c["name"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
-    return [
-        (m.name or names.get(m.tool_call_id, "tool"), str(m.text))
-        for m in messages
-        if isinstance(m, ToolMessage)
-    ]
-
-
-def _calls(messages: list[BaseMessage], calls: list[tuple[str, dict[str, Any]]]) -> AIMessage:
-    seed = f"{len(messages)}:{_human(messages)}"
-    return AIMessage(
-        content="",
-        tool_calls=[
-            tool_call(
-                name=name,
-                args=args,
-                id="call_" + hashlib.sha256(f"{seed}:{i}:{name}:{args}".encode()).hexdigest()[:24],
-            )
-            for i, (name, args) in enumerate(calls)
-        ],
-    )

@@ -10,23 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
-    from graphs.core.persistence import Pool
-
-FETCH_LOG_DDL = """
-CREATE TABLE IF NOT EXISTS research_fetch_log (
-    id bigserial PRIMARY KEY,
-    thread_id text NOT NULL,
-    url text NOT NULL,
-    final_url text NOT NULL,
-    fetched_at timestamptz NOT NULL DEFAULT now(),
-    status integer NOT NULL,
-    content_hash text NOT NULL,
-    title text NOT NULL DEFAULT '',
-    content text NOT NULL DEFAULT '',
-    error text
-);
-CREATE INDEX IF NOT EXISTS research_fetch_log_thread_idx ON research_fetch_log (thread_id, id);
-"""
+    from graphs.core.pool import Pool
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 

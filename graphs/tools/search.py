@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 from langchain_core.tools import BaseTool, tool
 
-from graphs.memory.corpus import CorpusIndex
+from graphs.tools.corpus import CorpusIndex
 from graphs.tools.ratelimit import RateLimited, TokenBucket, bucket_for, call_limited
 
 if TYPE_CHECKING:

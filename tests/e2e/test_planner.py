@@ -96,6 +96,14 @@ def test_plan_edit_approve_progress_and_an_answer_with_table_and_chart(app_serve
         expect(table).to_contain_text(region)
     expect(page.locator(".js-plotly-plot").last).to_be_visible(timeout=30_000)
     expect(page.get_by_role("button", name="Approve")).to_have_count(0)  # answered: buttons gone
+    expect(page.locator("aside.tasklist")).to_contain_text("Done · 2 of 6 steps used")
+
+    # Reopened later, the finished plan's task list and why it stopped come back with it.
+    page.reload()
+    page.locator("#chat-input").wait_for()
+    expect(page.locator("aside.tasklist")).to_contain_text("Done · 2 of 6 steps used")
+    expect(page.locator("aside.tasklist")).to_contain_text(EDITED_STEPS[1])
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
 
     # The plan was remembered for alice (structure and outcome, no rows); no data changed.
     summaries = plan_summaries(app_server.database_url)

@@ -15,12 +15,10 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from auth.local_accounts import LOCAL_AUTH_DDL
 from auth.ownership import claim_thread
 from graphs.assistant.offline import offline_assistant
 from graphs.core.persistence import Persistence, make_pool, open_persistence
 from graphs.core.settings import Settings
-from graphs.memory import jobs as memory_jobs
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.scoped import ScopedMemory
 from tests.conftest import create_database
@@ -30,13 +28,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 async def db(pg_server_url: str, embedding: Any) -> AsyncIterator[Persistence]:
-    """A fresh database with the app's schema plus procrastinate's and the dead-letter table."""
+    """A fresh database with the app's schema (procrastinate's and the dead-letter table in it)."""
     url = create_database(pg_server_url)
     persistence = await open_persistence(
         Settings(data_dir=Path(tempfile.mkdtemp())),
         pool=make_pool(url),
         embedding=embedding,
-        extra_migrations=[("0003_local_auth", LOCAL_AUTH_DDL), *memory_jobs.migrations()],
     )
     yield persistence
     await persistence.close()

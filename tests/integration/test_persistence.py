@@ -11,9 +11,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-from auth.local_accounts import LOCAL_AUTH_DDL
 from graphs.assistant.graph import build_graph
-from graphs.core import persistence as persistence_module
+from graphs.core import pool as pool_module
 from graphs.core.context import Context
 from graphs.core.embeddings import EmbeddingModelChanged, EmbeddingSpec, check_embedding_record
 from graphs.core.migrations import MIGRATIONS, migrate
@@ -24,8 +23,19 @@ from tests.conftest import create_database
 
 pytestmark = pytest.mark.integration
 
-LOCAL_AUTH = [("0003_local_auth", LOCAL_AUTH_DDL)]
-ALL_MIGRATIONS = [name for name, _ in [*MIGRATIONS, *LOCAL_AUTH]]
+ALL_MIGRATIONS = [migration.id for migration in MIGRATIONS]
+# The order start-up applied them in before they were one list: graphs.core's own, then the
+# ones ui/runtime.py passed as extras (local auth, the job queue, the Planner's demo data).
+OLD_ORDER = (
+    "0001_core",
+    "0002_chainlit",
+    "0006_privacy",
+    "0007_research_fetch_log",
+    "0003_local_auth",
+    "0004_procrastinate",
+    "0005_memory_dead_letters",
+    "0100_analytics_demo",
+)
 
 
 async def applied_migrations(persistence: Persistence) -> list[str]:
@@ -35,7 +45,6 @@ async def applied_migrations(persistence: Persistence) -> list[str]:
 
 
 async def test_migrations_run_again_apply_nothing(persistence: Persistence) -> None:
-    assert await migrate(persistence.pool, LOCAL_AUTH) == []
     assert await migrate(persistence.pool) == []
     assert await applied_migrations(persistence) == sorted(ALL_MIGRATIONS)
 
@@ -46,13 +55,43 @@ async def test_concurrent_migrations_from_two_workers_apply_each_once(pg_server_
     for pool in pools:
         await pool.open(wait=True)
     try:
-        results = await asyncio.gather(*(migrate(pool, LOCAL_AUTH) for pool in pools))
+        results = await asyncio.gather(*(migrate(pool) for pool in pools))
     finally:
         for pool in pools:
             await pool.close()
 
     applied = [name for result in results for name in result]
     assert sorted(applied) == sorted(ALL_MIGRATIONS)
+
+
+async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
+    pg_server_url: str,
+) -> None:
+    # A database made before the migrations were one ordered list recorded the same ids in
+    # another order (and the extras under the same names): none may run a second time.
+    by_id = {migration.id: migration for migration in MIGRATIONS}
+    assert set(OLD_ORDER) == set(by_id)
+    pool = make_pool(create_database(pg_server_url), max_size=2)
+    await pool.open(wait=True)
+    try:
+        assert await migrate(pool, tuple(by_id[i] for i in OLD_ORDER)) == list(OLD_ORDER)
+        assert await migrate(pool) == []
+    finally:
+        await pool.close()
+
+
+async def test_a_database_missing_later_migrations_gets_just_those_in_order(
+    pg_server_url: str,
+) -> None:
+    # As a database set up with graphs.core's own migrations only (no extras) was left.
+    partial = ("0001_core", "0002_chainlit", "0006_privacy", "0007_research_fetch_log")
+    pool = make_pool(create_database(pg_server_url), max_size=2)
+    await pool.open(wait=True)
+    try:
+        await migrate(pool, tuple(m for m in MIGRATIONS if m.id in partial))
+        assert await migrate(pool) == [m.id for m in MIGRATIONS if m.id not in partial]
+    finally:
+        await pool.close()
 
 
 async def test_two_workers_starting_together_on_a_fresh_database_both_start(
@@ -69,7 +108,6 @@ async def test_two_workers_starting_together_on_a_fresh_database_both_start(
                 settings,
                 pool=make_pool(url, max_size=2),
                 embedding=embedding,
-                extra_migrations=LOCAL_AUTH,
             )
             for _ in range(3)
         ),
@@ -196,7 +234,7 @@ async def test_the_next_query_after_postgres_drops_the_connections_works(
 async def test_connections_dropped_while_idle_are_replaced(database_url: str) -> None:
     pool = await pool_whose_backends_were_terminated(database_url, "cairn-dropped-idle")
     # The pool skips its check for recently returned connections; wait that window out.
-    await asyncio.sleep(getattr(persistence_module, "CHECK_IDLE_AFTER_S", 0.0) + 0.2)
+    await asyncio.sleep(pool_module.CHECK_IDLE_AFTER_S + 0.2)
     try:
         for _ in range(3):
             async with pool.connection() as conn:

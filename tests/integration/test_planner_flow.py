@@ -7,10 +7,9 @@ from langgraph.types import Command
 
 from auth.ownership import ThreadNotFound, claim_thread, require_owner
 from graphs.core.context import Context
-from graphs.core.migrations import migrate
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
-from graphs.planner.sql import AnalyticsDatabase, analyst_url, markdown_tables, migrations
+from graphs.planner.sql import AnalyticsDatabase, analyst_url, markdown_tables
 from graphs.planner.tools import make_tools
 
 pytestmark = pytest.mark.integration
@@ -20,7 +19,7 @@ GOAL = "Which region had the highest churn last quarter?"
 
 @pytest.fixture(scope="module")
 async def planner(persistence, database_url):
-    await migrate(persistence.pool, migrations())
+    # The demo dataset is a migration: the persistence fixture applied it.
     tools = make_tools(AnalyticsDatabase(analyst_url(database_url), timeout_ms=3000))
     return build_graph(
         checkpointer=persistence.checkpointer,
@@ -89,7 +88,7 @@ async def test_the_pause_is_durable_and_another_user_cannot_reach_it(planner, pe
 async def test_deleting_the_conversation_deletes_its_plan_summary(planner, persistence):
     from auth.sessions import SessionRevocations
     from graphs.memory.plans import PlanMemory
-    from ui.privacy import Privacy
+    from graphs.memory.privacy import Privacy
 
     thread = "flow-deleted"
     await claim_thread(persistence.pool, thread_id=thread, user_id="dora", agent="planner")

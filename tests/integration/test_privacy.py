@@ -25,9 +25,9 @@ from graphs.memory.manage import (
     forget_key,
 )
 from graphs.memory.plans import PlanMemory
+from graphs.memory.privacy import Privacy
 from graphs.memory.scoped import ScopedMemory
 from tests.integration.test_memory_jobs import db, eventually, memory_jobs_running
-from ui.privacy import Privacy
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,12 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langgraph.types import Command
 
 from graphs.core.context import Context
+from graphs.core.offline import Turn
 from graphs.core.settings import Settings
 from graphs.research import SAMPLE_CORPUS_DIR
 from graphs.research.citations import check_report
 from graphs.research.graph import ResearchTools, build_graph
-from graphs.research.offline import OfflineResearchModel, _structured
+from graphs.research.offline import OfflineResearchModel
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import PostgresFetchLog
 from graphs.tools.search import LocalCorpus
@@ -63,7 +64,7 @@ def run_args(thread_id: str) -> tuple[dict[str, Any], Context]:
 
 async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persistence):
     RecordingModel.replies.clear()
-    model = RecordingModel(fabricate=True, fix_revisions=False, structured_responder=_structured)
+    model = RecordingModel(fabricate=True, fix_revisions=False)
     tools = tools_for(persistence)
     graph = graph_for(persistence, model, tools)
     config, context = run_args("research-graph-1")
@@ -163,7 +164,7 @@ async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persist
 
 
 async def test_reject_without_reason_ends_the_run_with_nothing_fetched(persistence):
-    model = RecordingModel(structured_responder=_structured)
+    model = RecordingModel()
     tools = tools_for(persistence)
     graph = graph_for(persistence, model, tools)
     config, context = run_args("research-graph-2")
@@ -229,7 +230,7 @@ async def test_an_injected_page_changes_no_memory_and_no_tool_set(persistence, t
     (corpus_dir / "seed-vault-maintenance.md").write_text(INJECTION)
     ObedientModel.replies.clear()
     ObedientModel.seen.clear()
-    model = ObedientModel(structured_responder=_structured)
+    model = ObedientModel()
     tools = tools_for(persistence, corpus_dir)
     graph = graph_for(persistence, model, tools)
     config, context = run_args("research-graph-3")
@@ -264,7 +265,7 @@ async def test_an_injected_page_changes_no_memory_and_no_tool_set(persistence, t
 
 
 async def test_a_second_question_in_the_thread_starts_a_fresh_run(persistence):
-    model = RecordingModel(structured_responder=_structured)
+    model = RecordingModel()
     tools = tools_for(persistence)
     graph = graph_for(persistence, model, tools)
     config, context = run_args("research-graph-4")
@@ -299,7 +300,11 @@ def flagging_critic(schema: Any, messages: list[BaseMessage]) -> Any:
 
 
 async def test_a_claim_the_critic_flags_becomes_a_todo_and_is_removed_at_the_cap(persistence):
-    model = RecordingModel(fix_revisions=False, structured_responder=flagging_critic)
+    class FlaggingCritic(RecordingModel):
+        def answer(self, schema: Any, turn: Turn) -> Any:
+            return flagging_critic(schema, turn.messages)
+
+    model = FlaggingCritic(fix_revisions=False)
     graph = graph_for(persistence, model)
     config, context = run_args("research-graph-5")
     await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, config, context=context)
@@ -328,12 +333,12 @@ async def test_a_round_stopped_by_the_time_limit_keeps_its_notes_and_delivers_no
 ):
     import asyncio
 
-    from graphs.research.offline import ORCHESTRATOR_MARK
+    from graphs.research.prompts import ORCHESTRATOR_PROMPT
 
     def about_to_write_the_report(messages) -> bool:
         system = " ".join(str(m.text) for m in messages if m.type == "system")
         read_notes = any(m.type == "tool" and m.name == "read_file" for m in messages)
-        return ORCHESTRATOR_MARK in system and read_notes
+        return ORCHESTRATOR_PROMPT in system and read_notes
 
     class StallsBeforeTheReport(OfflineResearchModel):
         async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
@@ -356,7 +361,7 @@ async def test_a_round_stopped_by_the_time_limit_keeps_its_notes_and_delivers_no
     graph = build_graph(
         checkpointer=persistence.checkpointer,
         store=persistence.store,
-        model=StallsBeforeTheReport(structured_responder=_structured),
+        model=StallsBeforeTheReport(),
         tools=tools,
         settings=settings,
     )

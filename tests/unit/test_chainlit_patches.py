@@ -51,7 +51,11 @@ CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
     "socket.connect": (chainlit.socket.connect, "00ce35b669efa6f8", SOCKETS),
     "socket.process_message": (chainlit.socket.process_message, "7002f6fd6cadca2f", SOCKETS),
     "emitter.process_message": (_Emitter.process_message, "ffb867621e1b52c8", SOCKETS),
-    "emitter.send_ask_user": (_Emitter.send_ask_user, "405cea5c280aed1d", SOCKETS + ", busy"),
+    "emitter.send_ask_user": (
+        _Emitter.send_ask_user,
+        "405cea5c280aed1d",
+        SOCKETS + ", task_signals",
+    ),
     "session.files_dir": (BaseSession.files_dir.fget, "97c55ce5b37ab2b8", UPLOADS),
     "session.WebsocketSession.delete": (WebsocketSession.delete, "b6a06e7409d9fdba", UPLOADS),
     "server.lifespan": (chainlit.server.lifespan, "7622975e70facb8a", UPLOADS),
@@ -92,8 +96,8 @@ CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
         "ca9e5fd7b52bbbaf",
         OUTPUT,
     ),
-    "emitter.task_start": (_Emitter.task_start, "8ef945646a14e8be", "busy"),
-    "emitter.task_end": (_Emitter.task_end, "bfb2c3a2969eccff", "busy"),
+    "emitter.task_start": (_Emitter.task_start, "8ef945646a14e8be", "task_signals"),
+    "emitter.task_end": (_Emitter.task_end, "bfb2c3a2969eccff", "task_signals"),
     "session.WebsocketSession.__init__": (
         WebsocketSession.__init__,
         "497d8ea08531b384",
@@ -490,7 +494,7 @@ async def test_only_the_users_own_sockets_are_disconnected(
     assert sorted(ended) == ["s1", "s3"]
 
 
-async def test_busy_shows_the_run_busy_and_idle_again_even_when_it_fails() -> None:
+async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails() -> None:
     from chainlit.context import init_http_context
 
     signals: list[str] = []
@@ -503,7 +507,7 @@ async def test_busy_shows_the_run_busy_and_idle_again_even_when_it_fails() -> No
             signals.append("idle")
 
     async def failing_run() -> None:
-        async with chainlit_patches.busy():
+        async with chainlit_patches.task_signals():
             signals.append("run")
             raise RuntimeError
 

@@ -29,8 +29,10 @@ STORE_METHODS = frozenset(
         "batch",
     }
 )
-ALLOWED = ("graphs/memory/", "graphs/core/persistence.py")
-"""The scoped wrapper (and the memory code built on it) and the module that creates the store."""
+ALLOWED = ("graphs/memory/", "graphs/core/persistence.py", "graphs/tools/corpus.py")
+"""The scoped wrapper (and the memory code built on it), the module that creates the store, and
+the local corpus's index: shared app-owned documents under a fixed root, never user data (a
+tool, so it lives in graphs/tools, which may not import graphs/memory)."""
 
 
 def _names_a_store(node: ast.expr) -> bool:

@@ -13,7 +13,7 @@ from graphs.assistant.graph import build_graph
 from graphs.core.context import Context
 from tests.fakes import ScriptedChatModel
 from ui.memory_note import memory_note, tool_messages
-from ui.streaming import STREAM_MODES
+from ui.agents.assistant import SPEC
 
 
 def calls(*calls: tuple[str, dict[str, Any]]) -> AIMessage:
@@ -26,7 +26,7 @@ def calls(*calls: tuple[str, dict[str, Any]]) -> AIMessage:
 
 
 async def streamed_tool_results(text: str, *replies: AIMessage | str) -> list[ToolMessage]:
-    """Tool results as run_turn collects them: from the `tasks` stream of one turn."""
+    """Tool results as the Assistant's view collects them: from the `tasks` stream of one turn."""
     graph = build_graph(
         checkpointer=InMemorySaver(), store=InMemoryStore(), model=ScriptedChatModel(replies)
     )
@@ -35,7 +35,7 @@ async def streamed_tool_results(text: str, *replies: AIMessage | str) -> list[To
         {"messages": [HumanMessage(text)]},
         {"configurable": {"thread_id": "t1"}},
         context=Context(user_id="u1", thread_id="t1"),
-        stream_mode=STREAM_MODES,
+        stream_mode=list(SPEC.stream_modes),
     ):
         if mode == "tasks" and "result" in chunk:
             found.extend(tool_messages(chunk["result"]))

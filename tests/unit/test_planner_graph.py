@@ -509,7 +509,7 @@ async def test_the_recursion_limit_is_only_a_backstop_behind_the_step_budget():
     from langgraph.errors import GraphRecursionError
 
     from graphs.core.settings import get_settings
-    from ui.planner import recursion_limit
+    from ui.agents.planner import recursion_limit
 
     budget = get_settings().planner_step_budget
     graph, _ = make(never_finishing(budget + 2, budget))

@@ -9,18 +9,19 @@ import pytest
 
 from graphs.planner.sql import Table
 from ui.actions import ActionRejected, parse_payload
-from ui.planner import PlanReviewPayload, bar_chart, edit_value, review_text
+from ui.actions import AnswerPayload
+from ui.agents.planner import bar_chart, edit_value, review_text
 
 THREAD = "thread-of-this-session"
 
 
 def press(payload: dict[str, Any]) -> cl.Action:
-    return cl.Action(name="plan_review", payload=payload, label="Approve")
+    return cl.Action(name="answer", payload=payload, label="Approve")
 
 
 def test_a_press_on_this_threads_plan_is_accepted():
     payload = {"thread_id": THREAD, "interrupt_id": "i-1", "decision": "approve"}
-    parsed = parse_payload(PlanReviewPayload, press(payload), thread_id=THREAD)
+    parsed = parse_payload(AnswerPayload, press(payload), thread_id=THREAD)
     assert parsed.decision == "approve"
 
 
@@ -31,18 +32,17 @@ def test_a_press_on_this_threads_plan_is_accepted():
             {"thread_id": "another-users-thread", "interrupt_id": "i", "decision": "approve"},
             "another conversation",
         ),
-        ({"thread_id": THREAD, "interrupt_id": "i", "decision": "run-anything"}, "malformed"),
         (
             {"thread_id": THREAD, "interrupt_id": "i", "decision": "approve", "user_id": "bob"},
             "malformed",
         ),
         ({"thread_id": THREAD, "decision": "approve"}, "malformed"),
     ],
-    ids=["foreign-thread", "unknown-decision", "client-identity", "no-interrupt"],
+    ids=["foreign-thread", "client-identity", "no-interrupt"],
 )
 def test_foreign_or_malformed_presses_are_refused(payload, match):
     with pytest.raises(ActionRejected, match=match):
-        parse_payload(PlanReviewPayload, press(payload), thread_id=THREAD)
+        parse_payload(AnswerPayload, press(payload), thread_id=THREAD)
 
 
 def test_an_edited_list_becomes_steps_and_a_sentence_becomes_feedback():
@@ -86,7 +86,7 @@ def test_numbers_by_category_become_a_bar_chart():
 
 
 def test_the_answer_streams_out_of_the_replanners_json():
-    from ui.planner import AnswerStream
+    from ui.agents.planner import AnswerStream
 
     stream = AnswerStream()
     tokens = ['{"action": {"resp', 'onse": "EMEA ', "had the ", "most churn", ' (5)."}}']

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from graphs.memory.research import memory_problem
 from graphs.memory.scoped import MissingIdentity
 from graphs.research.files import (
     MAX_NOTE_CHARS,
     PathRefused,
     check_read,
     check_write,
-    memory_problem,
     orchestrator_backend,
     research_memory_namespace,
     researcher_backend,

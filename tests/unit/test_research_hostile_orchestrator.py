@@ -19,7 +19,7 @@ from graphs.research import SAMPLE_CORPUS_DIR
 from graphs.research.agents import REFUSED, refusal_reason, task_refusal
 from graphs.research.citations import check_report
 from graphs.research.graph import ResearchTools, build_graph
-from graphs.research.offline import OfflineResearchModel, _structured
+from graphs.research.offline import OfflineResearchModel
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import FetchRecord, MemoryFetchLog, new_record
 from graphs.tools.search import LocalCorpus
@@ -73,7 +73,7 @@ async def run_hostile() -> tuple[dict[str, Any], InMemoryStore, ResearchTools]:
     graph = build_graph(
         checkpointer=InMemorySaver(),
         store=store,
-        model=HostileOrchestrator(structured_responder=_structured),
+        model=HostileOrchestrator(),
         tools=research_tools,
         settings=Settings(openai_api_key=None, research_critique_rounds=0),
     )
@@ -167,13 +167,13 @@ def test_task_refusals_are_decided_by_code_and_recognisable():
 
 async def test_edited_topics_become_the_todo_list_verbatim():
     from graphs.research.graph import PlanDecision
-    from graphs.research.offline import PLANNER_MARK
+    from graphs.research.prompts import PLANNER_PROMPT
 
     HostileOrchestrator.seen.clear()
     graph = build_graph(
         checkpointer=InMemorySaver(),
         store=InMemoryStore(),
-        model=HostileOrchestrator(structured_responder=_structured),
+        model=HostileOrchestrator(),
         tools=tools(),
         settings=Settings(openai_api_key=None, research_critique_rounds=0),
     )
@@ -185,7 +185,7 @@ async def test_edited_topics_become_the_todo_list_verbatim():
         Command(resume={"decision": "edit", "todos": edited}), config, context=context
     )
     assert [t["content"] for t in final["todos"]] == ["When did the Svalbard seed vault open"]
-    planner_calls = [c for c in HostileOrchestrator.seen if PLANNER_MARK in str(c[0].text)]
+    planner_calls = [c for c in HostileOrchestrator.seen if PLANNER_PROMPT in str(c[0].text)]
     assert len(planner_calls) == 1  # the edit never went back to the planner model
     for blank in (["   "], ["ok topic", "      "]):
         with pytest.raises(ValidationError):

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from graphs.research.graph import PlanDecision, plan_from
-from ui.research import PlanReviewPayload, parse_topics, served_links
+from ui.actions import AnswerPayload
+from ui.agents.research import parse_topics, served_links
 
 
 def test_edited_topics_are_one_per_line_with_list_markers_dropped():
@@ -35,9 +36,9 @@ def test_malformed_plan_answers_are_refused(answer):
 
 def test_button_payload_is_a_closed_schema():
     ok = {"thread_id": "t", "interrupt_id": "i", "decision": "edit"}
-    assert PlanReviewPayload.model_validate(ok).decision == "edit"
+    assert AnswerPayload.model_validate(ok).decision == "edit"
     with pytest.raises(ValidationError):
-        PlanReviewPayload.model_validate({**ok, "todos": ["injected"]})
+        AnswerPayload.model_validate({**ok, "todos": ["injected"]})
 
 
 def test_an_invalid_plan_from_the_model_falls_back_to_the_question():

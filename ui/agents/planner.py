@@ -5,34 +5,27 @@ from __future__ import annotations
 
 import logging
 import re
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 import chainlit as cl
 from langchain_core.messages import AIMessageChunk
 from langchain_core.utils.json import parse_partial_json
-from langgraph.errors import GraphRecursionError
-from pydantic import BaseModel, ConfigDict
 
+from graphs.core.settings import get_settings
+from graphs.planner.graph import build_graph
 from graphs.planner.sql import Table, markdown_tables
 from graphs.planner.state import step_failed, step_parts
-from ui.interrupts import remember_prompt
-from ui.streaming import TurnResult
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind
+from ui.surface import ask_question, new_reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from langgraph.types import StateSnapshot
 
-    from langchain_core.runnables import RunnableConfig
-    from langgraph.graph.state import CompiledStateGraph
-    from langgraph.types import Command
-
-    from graphs.core.context import Context
+    from ui.runner import Ask, LoadState, Status
 
 log = logging.getLogger("cairn.planner")
 
-PLAN_REVIEW_ACTION = "plan_review"
 EDIT_TIMEOUT_S = 900
-STREAM_MODES: list[Any] = ["updates", "messages"]
 ANSWER_NODES = frozenset({"finalize"})
 """Nodes whose tokens are the answer itself."""
 REPLAN_NODE = "replan"
@@ -44,41 +37,31 @@ RECURSION_BACKSTOP = (
 _BULLET = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 
 
-class PlanReviewPayload(BaseModel):
-    """A press of Approve, Edit or Reject under a pending plan of the session's thread."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    thread_id: str
-    interrupt_id: str
-    decision: Literal["approve", "edit", "reject"]
-
-
-def goal_inputs(text: str) -> dict[str, Any]:
+def goal_inputs(text: str, _message_id: str = "") -> dict[str, Any]:
     """A chat message to the Planner is a new goal."""
     return {"input": text}
 
 
 def recursion_limit() -> int:
     """Generous for the step budget and review rounds: a backstop, not the budget."""
-    from graphs.core.settings import get_settings
-
     settings = get_settings()
     return 4 * settings.planner_step_budget + 3 * settings.planner_review_rounds + 12
 
 
-async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
+async def show_plan_review(interrupt: Any, thread_id: str) -> None:
     """The pending plan as a task list plus buttons (again after a reload or a restart)."""
     value: dict[str, Any] = interrupt.value if isinstance(interrupt.value, dict) else {}
     plan = [str(s) for s in value.get("plan", [])]
     completed = [str(s) for s in value.get("completed", [])]
     progress = PlanProgress(completed=completed, remaining=plan)
     await progress.show(status="Waiting for your review")
-    message = cl.Message(
-        content=review_text(value), author="Planner", actions=_buttons(thread_id, interrupt.id)
+    await ask_question(
+        interrupt.id,
+        thread_id,
+        review_text(value),
+        {"approve": "Approve", "edit": "Edit", "reject": "Reject"},
+        author="Planner",
     )
-    await message.send()
-    await remember_prompt(interrupt.id, message)
 
 
 def review_text(value: dict[str, Any]) -> str:
@@ -101,48 +84,19 @@ def review_text(value: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _buttons(thread_id: str, interrupt_id: str) -> list[cl.Action]:
-    labels = {"approve": "Approve", "edit": "Edit", "reject": "Reject"}
-    return [
-        cl.Action(
-            name=PLAN_REVIEW_ACTION,
-            label=label,
-            payload={"thread_id": thread_id, "interrupt_id": interrupt_id, "decision": decision},
-        )
-        for decision, label in labels.items()
-    ]
-
-
-async def review_answer(payload: PlanReviewPayload) -> dict[str, Any] | None:
+async def review_answer(decision: str, _value: dict[str, Any], ask: Ask) -> dict[str, Any]:
     """The resume value for a checked button press; Edit first asks for the new steps."""
-    if payload.decision != "edit":
-        return {"decision": payload.decision}
-    asked = await cl.AskUserMessage(
-        content="Send the plan as you want it, one step per line (you can copy the steps "
-        "above and change them), or describe what to change.",
-        author="Planner",
-        timeout=EDIT_TIMEOUT_S,
-    ).send()
-    text = str((asked or {}).get("output", "")).strip()
+    if decision != "edit":
+        return {"decision": decision}
+    text = await ask(
+        "Send the plan as you want it, one step per line (you can copy the steps above and "
+        "change them), or describe what to change.",
+        EDIT_TIMEOUT_S,
+    )
     if not text:
-        await cl.Message(
-            content="No edit arrived, so the plan is still waiting for your review.",
-            author="Planner",
-        ).send()
-        return None
+        msg = "No edit arrived, so the plan is still waiting for your review."
+        raise AnswerRejected(msg)
     return edit_value(text)
-
-
-@asynccontextmanager
-async def busy() -> AsyncIterator[None]:
-    """Show the run as busy, and idle again afterwards. Action callbacks run without Chainlit's
-    task signals, and an AskUserMessage (Edit) ends the task early: without this the input and
-    the next plan's buttons stay disabled."""
-    await cl.context.emitter.task_start()
-    try:
-        yield
-    finally:
-        await cl.context.emitter.task_end()
 
 
 def edit_value(text: str) -> dict[str, Any]:
@@ -160,6 +114,7 @@ class PlanProgress:
         self.done: list[tuple[str, bool]] = [(step, True) for step in completed]
         self.remaining = list(remaining)
         self.running = False
+        self.steps_taken = 0
         self.task_list = cl.TaskList(name="plan")
 
     async def show(self, *, status: str) -> None:
@@ -185,46 +140,82 @@ class PlanProgress:
         await self.show(status="Running")
 
 
-async def run_planner(
-    graph: CompiledStateGraph[Any, Any, Any, Any],
-    inputs: dict[str, Any] | Command[Any] | None,
-    *,
-    context: Context,
-) -> TurnResult:
-    """Stream a Planner run: updates drive the task list and steps; the answer streams."""
-    config: RunnableConfig = {
-        "configurable": {"thread_id": context.thread_id},
-        "recursion_limit": recursion_limit(),
-    }
-    before = await graph.aget_state(config)
-    values = before.values if inputs is None or not isinstance(inputs, dict) else {}
+class PlannerView:
+    """The runner's view of a Planner run: updates drive the task list and steps; the answer
+    streams out of the replanner's structured output or the partial answer."""
+
+    def __init__(self) -> None:
+        self.progress = PlanProgress(completed=[], remaining=[])
+        self.answer = AnswerStream()
+        self.streamed: cl.Message | None = None
+        self.response = ""
+
+    async def begin(self, load_state: LoadState) -> None:
+        # A resumed run continues the plan it paused on; a new goal resets it at start_goal.
+        values = (await load_state()).values
+        self.progress = PlanProgress(
+            completed=[step_parts(r)[1] for r in values.get("past_steps", [])],
+            remaining=list(values.get("plan", [])),
+        )
+        self.progress.steps_taken = int(values.get("steps_taken") or 0)
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        if not namespace:
+            self.streamed = await _stream_token((token, meta), self.streamed, self.answer)
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        return None
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        if not namespace and isinstance(delta, dict):
+            self.response = await _apply_update(node, delta, self.progress) or self.response
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        if status != "done" or not self.response:
+            if status in ("failed", "stopped") and self.progress.running:
+                self.progress.running = False
+                await self.progress.show(status="Stopped by an error")
+            return None
+        reply = await _send_answer(load_state, self.response, self.streamed)
+        return reply.content
+
+
+def stop_status(outcome: str, steps_taken: int, budget: int) -> str:
+    """The task list's final line: how the run ended and why."""
+    used = f"{steps_taken} of {budget} steps used"
+    if outcome == "answered":
+        return f"Done · {used}"
+    if outcome == "partial":
+        if steps_taken >= budget:
+            return f"Stopped at the step budget · {used}"
+        return f"Stopped: no steps left to try · {used}"
+    if outcome == "rejected":
+        return "Rejected: nothing ran"
+    return "Stopped: no valid plan"
+
+
+async def restore(state: StateSnapshot) -> None:
+    """A reopened Planner conversation shows its plan's task list with its final status."""
+    values = state.values
+    if state.interrupts or not (values.get("past_steps") or values.get("approved_plan")):
+        return  # a pending review shows its own list with its buttons
     progress = PlanProgress(
-        completed=[step_parts(r)[1] for r in values.get("past_steps", [])],
-        remaining=list(values.get("plan", [])),
+        completed=[], remaining=[] if values.get("outcome") else list(values.get("plan", []))
     )
-    streamed: cl.Message | None = None
-    answer = AnswerStream()
-    response = ""
-    interrupts: list[Any] = []
-    try:
-        stream = graph.astream(inputs, config, context=context, stream_mode=STREAM_MODES)
-        async for mode, chunk in cast("AsyncIterator[tuple[str, Any]]", stream):
-            if mode == "messages":
-                streamed = await _stream_token(chunk, streamed, answer)
-                continue
-            for node, update in chunk.items():
-                if node == "__interrupt__":
-                    interrupts.extend(update)
-                elif isinstance(update, dict):
-                    response = await _apply_update(node, update, progress) or response
-    except GraphRecursionError:
-        log.warning("planner run hit the recursion backstop (thread %s)", context.thread_id)
-        await cl.Message(content=RECURSION_BACKSTOP, author="Planner").send()
-        return TurnResult(reply=None)
-    reply = await _send_answer(graph, config, response, streamed) if response else None
-    if interrupts:
-        interrupts = list((await graph.aget_state(config)).interrupts)
-    return TurnResult(reply=reply, interrupts=interrupts)
+    progress.done = [
+        (step_parts(r)[1], not step_failed(step_parts(r)[2])) for r in values["past_steps"] or []
+    ]
+    outcome = values.get("outcome")
+    status = (
+        stop_status(str(outcome), int(values.get("steps_taken") or 0), _budget())
+        if outcome
+        else "Stopped before the answer"
+    )
+    await progress.show(status=status)
+
+
+def _budget() -> int:
+    return get_settings().planner_step_budget
 
 
 class AnswerStream:
@@ -268,7 +259,7 @@ async def _stream_token(
     if not text:
         return streamed
     if streamed is None:
-        streamed = cl.Message(content="", author="Planner")
+        streamed = new_reply(author="Planner")
     await streamed.stream_token(text)
     return streamed
 
@@ -289,11 +280,11 @@ async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgres
         progress.remaining = list(update["plan"])
         progress.running = not update.get("needs_review")
         await progress.show(status="Running")
+    if "steps_taken" in update:
+        progress.steps_taken = int(update["steps_taken"] or 0)
     if update.get("response"):
         progress.running = False
-        status = {"answered": "Done", "partial": "Stopped at the budget"}.get(
-            str(update.get("outcome")), "Stopped"
-        )
+        status = stop_status(str(update.get("outcome")), progress.steps_taken, _budget())
         if progress.done or progress.remaining:
             await progress.show(status=status)
         return str(update["response"])
@@ -305,17 +296,20 @@ async def show_step(record: Any, progress: PlanProgress) -> None:
     index, step, result = step_parts(record)
     ok = not step_failed(result)
     name = f"Step {index}: {step}" if ok else f"Step {index} failed: {step}"
+    rows = sum(len(t.rows) for t in markdown_tables(result))
+    budget = f"step {progress.steps_taken or index} of {_budget()} in the budget"
+    summary = f"{rows} row(s) returned · {budget}" if rows else budget.capitalize()
     async with cl.Step(name=name, type="tool") as shown:
-        shown.output = result
+        shown.output = f"{summary}\n\n{result}"
         shown.is_error = not ok
     await progress.step_done(step, ok)
 
 
 async def _send_answer(
-    graph: Any, config: RunnableConfig, response: str, streamed: cl.Message | None
+    load_state: LoadState, response: str, streamed: cl.Message | None
 ) -> cl.Message:
     """The answer, with the data table it rests on and a chart when the data has that shape."""
-    state = await graph.aget_state(config)
+    state = await load_state()
     tables = [
         t for r in state.values.get("past_steps", []) for t in markdown_tables(step_parts(r)[2])
     ]
@@ -324,7 +318,7 @@ async def _send_answer(
         content += "\n\n**Data**\n\n" + table_markdown(tables[-1])
     shown = markdown_tables(content)
     table = shown[-1] if shown else None
-    message = streamed or cl.Message(content="", author="Planner")
+    message = streamed or new_reply(author="Planner")
     message.content = content
     if table is not None and (chart := chart_element(table)) is not None:
         message.elements = [chart]  # type: ignore[list-item]
@@ -372,3 +366,28 @@ def bar_chart(table: Table) -> Any:
         margin={"l": 40, "r": 20, "t": 50, "b": 40},
     )
     return figure
+
+
+SPEC = AgentSpec(
+    key="planner",
+    profile="Planner",
+    description="Plans an analysis as steps you approve or edit, then runs them with "
+    "read-only SQL (on a bundled demo dataset unless configured), replanning as results "
+    "come in, and answers with tables and charts.",
+    build=build_graph,
+    inputs=goal_inputs,
+    view=lambda _context: PlannerView(),
+    interrupts=(
+        InterruptKind(
+            name="planner_review",
+            decisions=frozenset({"approve", "edit", "reject"}),
+            render=show_plan_review,
+            resume_value=review_answer,
+        ),
+    ),
+    stream_modes=("messages",),
+    recursion_limit=recursion_limit,
+    recursion_notice=RECURSION_BACKSTOP,
+    restore=restore,
+    order=20,
+)

@@ -3,17 +3,20 @@ from it, conversations past their retention window, or the whole account.
 
 Every workflow here is idempotent (each step deletes "whatever is left"), so a run that
 crashed part-way is finished by running it again.
+
+Domain logic below the UI: the memory page and Chainlit's delete (ui/) call it, and it
+imports neither Chainlit nor auth (the session revoker is handed in).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg.types.json import Jsonb
 
-from auth.ownership import ThreadNotFound
+from graphs.core.errors import ThreadNotFound
 from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
 from graphs.memory.scoped import ScopedMemory
@@ -22,8 +25,7 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.store.base import BaseStore
 
-    from auth.sessions import SessionRevocations
-    from graphs.core.persistence import Pool
+    from graphs.core.pool import Pool
     from graphs.memory.jobs import MemoryJobs
 
 log = logging.getLogger("cairn.privacy")
@@ -31,6 +33,12 @@ log = logging.getLogger("cairn.privacy")
 WIPE_PASSES = 3
 """A wipe re-runs its steps until its own check finds nothing (a turn that was mid-flight
 when it began can still land one last write)."""
+
+
+class SessionRevoker(Protocol):
+    """Ends every session of an account (auth.sessions.SessionRevocations)."""
+
+    async def revoke(self, user_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class Privacy:
         store: BaseStore,
         checkpointer: BaseCheckpointSaver[Any],
         memory_jobs: MemoryJobs | None,
-        revocations: SessionRevocations,
+        revocations: SessionRevoker,
         default_retention_days: int,
     ) -> None:
         self.pool = pool

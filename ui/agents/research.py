@@ -2,36 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import chainlit as cl
 from chainlit.auth import get_current_user
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import PlainTextResponse
-from langchain_core.messages import AIMessage, ToolMessage
-from langgraph.types import Command
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from pydantic import BaseModel, Field, ValidationError
 
 from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.citations import CITATION, claim_lines
-from graphs.research.graph import MAX_TODOS, PlanDecision, slug
+from graphs.research.graph import MAX_TODOS, PlanDecision, build_graph, slug
 from graphs.tools.search import LocalCorpus
 from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_report
 from ui.report_pdf import report_pdf
-from ui.streaming import TurnResult
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind
+from ui.surface import ask_question, new_reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from langgraph.types import StateSnapshot
 
-    from langchain_core.runnables import RunnableConfig
-    from langgraph.graph.state import CompiledStateGraph
-    from langgraph.types import Durability
-
-    from graphs.core.context import Context
     from graphs.core.settings import Settings
+    from ui.runner import Ask, LoadState, Status
 
-PLAN_ACTION = "research_plan"
 RECURSION_LIMIT = 200
 """Outer phases plus the orchestrator's and subagents' own loops, which inherit the limit."""
 EDIT_TIMEOUT_S = 600
@@ -50,16 +46,6 @@ HIDDEN_TASK = "Refused: a research task"
 
 def _topic(description: str) -> str:
     return description.removeprefix("Research: ").split(". Write notes to")[0][:80]
-
-
-class PlanReviewPayload(BaseModel):
-    """A plan-review button: which paused run of the session's thread, and what the user chose."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    thread_id: str
-    interrupt_id: str
-    decision: Literal["approve", "edit", "reject"]
 
 
 class ResearchView:
@@ -152,42 +138,32 @@ class ResearchView:
             await self.tasks.update()
 
 
-async def run_research_turn(
-    graph: CompiledStateGraph[Any, Any, Any, Any],
-    inputs: dict[str, Any] | Command[Any] | None,
-    *,
-    context: Context,
-    reply_node: str = "finalize",
-    recursion_limit: int = RECURSION_LIMIT,
-    durability: Durability = "async",
-) -> TurnResult:
-    """Stream a research run's updates (subgraphs included) into the task list and steps."""
-    config: RunnableConfig = {
-        "configurable": {"thread_id": context.thread_id},
-        "recursion_limit": max(recursion_limit, RECURSION_LIMIT),
-    }
-    view = ResearchView()
-    stream = graph.astream(
-        inputs,
-        config,
-        context=context,
-        stream_mode="updates",
-        subgraphs=True,
-        durability=durability,
-    )
-    failed = True
-    try:
-        async for namespace, update in cast("AsyncIterator[tuple[tuple[str, ...], Any]]", stream):
-            for node, delta in (update or {}).items():
-                await _show_update(view, namespace, node, delta)
-        failed = False
-    finally:
-        await view.finish(failed)
-    state = await graph.aget_state(config)
-    reply = None
-    if not state.next and state.values.get("report") is not None:
-        reply = await deliver(state.values)
-    return TurnResult(reply=reply, interrupts=list(state.interrupts))
+class ResearchRun:
+    """The runner's view of one research run: updates (subgraphs included) drive the view."""
+
+    def __init__(self) -> None:
+        self.view = ResearchView()
+
+    async def begin(self, load_state: LoadState) -> None:
+        return None
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        return None
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        return None
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        await _show_update(self.view, namespace, node, delta)
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        await self.view.finish(failed=status not in ("done", "paused"))
+        if status != "done":
+            return None
+        state = await load_state()
+        if state.next or state.values.get("report") is None:
+            return None
+        return (await deliver(state.values)).content
 
 
 async def _show_update(
@@ -239,7 +215,12 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
     cited = cited_urls(report)
     # The user's copies (inline, .md, .pdf) are the sanitised text; cited pages keep their links.
     report = sanitise_report(report, cited)
-    message = cl.Message(content="", metadata={TRUSTED_LINKS_KEY: cited})
+    if metrics := values.get("metrics"):
+        step = cl.Step(name="Run metrics", type="run", default_open=False)
+        step.output = "\n".join(f"- {k}: {v}" for k, v in metrics.items())
+        await step.send()
+    message = new_reply()
+    message.metadata = {TRUSTED_LINKS_KEY: cited}
     for chunk in re.findall(r"\S+\s*|\s+", report):
         await message.stream_token(chunk)
     title = next((ln.lstrip("# ") for ln in report.splitlines() if ln.startswith("# ")), "")
@@ -262,14 +243,10 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
             content=f"**Not verified** — removed from the report because no fetched source supports them:\n\n{listing}",
             author="Cairn",
         ).send()
-    if metrics := values.get("metrics"):
-        step = cl.Step(name="Run metrics", type="run", default_open=False)
-        step.output = "\n".join(f"- {k}: {v}" for k, v in metrics.items())
-        await step.send()
     return message
 
 
-async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
+async def show_plan_review(interrupt: Any, thread_id: str) -> None:
     """The proposed topics with Approve / Edit / Reject (shown again after a restart too)."""
     value = interrupt.value if isinstance(interrupt.value, dict) else {}
     todos = [str(t) for t in value.get("todos", [])]
@@ -278,24 +255,12 @@ async def show_plan_review(interrupt: Any, *, thread_id: str) -> None:
         await task_list.add_task(cl.Task(title=todo))
     await task_list.send()
     listing = "\n".join(f"{i}. {t}" for i, t in enumerate(todos, 1))
-    labels = {"approve": "Approve", "edit": "Edit topics", "reject": "Reject"}
-    actions = [
-        cl.Action(
-            name=PLAN_ACTION,
-            label=label,
-            payload={"thread_id": thread_id, "interrupt_id": interrupt.id, "decision": decision},
-        )
-        for decision, label in labels.items()
-    ]
-    message = cl.Message(
-        content=f"I plan to research these topics:\n\n{listing}\n\nApprove, edit or reject the plan.",
-        author="Cairn",
-        actions=actions,
+    await ask_question(
+        interrupt.id,
+        thread_id,
+        f"I plan to research these topics:\n\n{listing}\n\nApprove, edit or reject the plan.",
+        {"approve": "Approve", "edit": "Edit topics", "reject": "Reject"},
     )
-    await message.send()
-    from ui.interrupts import remember_prompt
-
-    await remember_prompt(interrupt.id, message)
 
 
 class EditedTopics(BaseModel):
@@ -308,41 +273,39 @@ def parse_topics(text: str) -> list[str]:
     return [t for t in topics if t]
 
 
-async def review_plan_action(action: cl.Action) -> None:
-    """Approve / Edit / Reject: checked like every button, then the paused run is resumed."""
-    from ui.chat import _check_action, _pending_interrupts, _run, refuse
-    from ui.interrupts import clear_prompt
-    from ui.planner import busy
-    from ui.runtime import get_runtime
+async def plan_answer(decision: str, _value: dict[str, Any], ask: Ask) -> dict[str, Any]:
+    """Approve and Reject as they are; Edit first asks for the topics, checked like the plan."""
+    answer: dict[str, Any] = {"decision": decision}
+    if decision != "edit":
+        return answer
+    topics = parse_topics(
+        await ask("Send the topics to research, one per line.", EDIT_TIMEOUT_S) or ""
+    )
+    try:
+        answer["todos"] = EditedTopics(todos=topics).todos
+        PlanDecision.model_validate(answer)
+    except ValidationError:
+        msg = (
+            f"Topics need 1 to {MAX_TODOS} lines of 3 to 200 characters. The plan is unchanged; "
+            "press Edit topics again."
+        )
+        raise AnswerRejected(msg) from None
+    return answer
 
-    if (checked := await _check_action(action, PlanReviewPayload)) is None:
-        return
-    payload, thread_id = checked.payload, checked.context.thread_id
-    graph = get_runtime().graphs.get(checked.agent.key)
-    pending = await _pending_interrupts(graph, thread_id) if graph is not None else []
-    if payload.interrupt_id not in {i.id for i in pending}:
-        await refuse("That plan has already been answered.")
-        return
-    answer: dict[str, Any] = {"decision": payload.decision}
-    if payload.decision == "edit":
-        reply = await cl.AskUserMessage(
-            content="Send the topics to research, one per line.", timeout=EDIT_TIMEOUT_S
-        ).send()
-        topics = parse_topics(str((reply or {}).get("output", "")))
-        try:
-            answer["todos"] = EditedTopics(todos=topics).todos
-            PlanDecision.model_validate(answer)
-        except ValidationError:
-            await refuse(
-                f"Topics need 1 to {MAX_TODOS} lines of 3 to 200 characters. The plan is unchanged; "
-                "press Edit topics again."
+
+async def restore(state: StateSnapshot) -> None:
+    """A reopened research conversation shows its topics and how the run ended."""
+    todos = state.values.get("todos") or []
+    if not todos or state.interrupts:
+        return  # a pending plan shows its own list with its buttons
+    status = "Done" if state.values.get("report") else "Stopped before the report"
+    tasks = cl.TaskList(status=status)
+    for todo in todos:
+        if isinstance(todo, dict):
+            await tasks.add_task(
+                cl.Task(title=str(todo.get("content", "")), status=_status(str(todo.get("status"))))
             )
-            return
-    await clear_prompt(payload.interrupt_id)
-    # As for the Planner: an Edit's question ends Chainlit's task early, so the run marks
-    # itself busy and idle again (otherwise the input stays disabled afterwards).
-    async with busy():
-        await _run(checked.agent, Command(resume={payload.interrupt_id: answer}), checked.context)
+    await tasks.send()
 
 
 CORPUS_LINK = re.compile(r"\]\(corpus://([a-z0-9_-]+)/([A-Za-z0-9._-]+)\)")
@@ -363,9 +326,8 @@ def cited_urls(report: str) -> list[str]:
 
 
 def _public_url() -> str:
-    from ui.runtime import get_runtime
-
-    return get_runtime().public_url
+    """The app's public address, which start-up gives Chainlit as CHAINLIT_URL."""
+    return os.environ.get("CHAINLIT_URL", "").rstrip("/")
 
 
 def corpus_router(settings: Settings) -> APIRouter:
@@ -382,3 +344,26 @@ def corpus_router(settings: Settings) -> APIRouter:
         return PlainTextResponse(text)
 
     return router
+
+
+SPEC = AgentSpec(
+    key="research",
+    profile="Research",
+    description="Deep research with sources you can check: you approve the topics, every "
+    "citation in the report is checked against a page Cairn actually fetched.",
+    build=build_graph,
+    inputs=lambda text, message_id: {"messages": [HumanMessage(text, id=message_id)]},
+    view=lambda _context: ResearchRun(),
+    interrupts=(
+        InterruptKind(
+            name="review_plan",
+            decisions=frozenset({"approve", "edit", "reject"}),
+            render=show_plan_review,
+            resume_value=plan_answer,
+        ),
+    ),
+    subgraphs=True,
+    recursion_limit=lambda: RECURSION_LIMIT,
+    restore=restore,
+    order=10,
+)

@@ -1,0 +1,74 @@
+"""The app's connection pool type, its idle check, and the small pool advisory locks use.
+
+Below everything else in graphs.core (it imports none of it), so any module can name `Pool`
+without importing persistence, which imports them.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+import weakref
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+"""The one pool type of the app: autocommit connections returning dict rows."""
+
+# A connection handed back less than this long ago is lent again without a ping. Pinging on
+# every checkout cost ~24 extra round trips per chat turn; a connection idle for longer (the
+# only kind a Postgres restart can have broken unnoticed) is still checked before use.
+CHECK_IDLE_AFTER_S = 1.0
+_returned_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+class StampingPool(AsyncConnectionPool[Any]):
+    """A pool that notes when each connection came back, for `check_if_idle`.
+
+    Stamped in putconn rather than with the pool's `reset` callback: a pool with a reset
+    callback hands every returned connection to a worker task, ~6 extra task switches a turn.
+    """
+
+    async def putconn(self, conn: Any) -> None:
+        _returned_at[conn] = time.monotonic()
+        await super().putconn(conn)
+
+
+async def check_if_idle(conn: AsyncConnection[DictRow]) -> None:
+    """Ping connections that sat idle, or whose socket has something to say (a terminated
+    backend sends its farewell, so the socket turns readable): both cost a round trip only
+    when there is a reason to doubt the connection."""
+    idle = time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IDLE_AFTER_S
+    if idle or conn.closed or _socket_readable(conn):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _socket_readable(conn: AsyncConnection[DictRow]) -> bool:
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPool[Any]:
+    """A small autocommit pool for session-level advisory locks, beside the app's pool: a lock
+    holder also needs app connections, and taking both from one pool can deadlock.
+
+    Used by the per-thread run locks (graphs.core.runlock) and the per-user memory locks
+    (graphs.memory.locks)."""
+    pool: AsyncConnectionPool[Any] = StampingPool(
+        app_pool.conninfo,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True},
+        # As the app's pool: a round trip only for a connection that sat idle or looks dead,
+        # not before every lock (each chat turn and memory job takes one).
+        check=check_if_idle,
+    )
+    await pool.open()
+    return pool

@@ -1,0 +1,389 @@
+"""The turn runner without a browser: a scripted model, an in-memory saver, a recording surface."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import StateGraph
+from langgraph.store.memory import InMemoryStore
+from langgraph.types import interrupt
+
+from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound
+from graphs.assistant.graph import build_graph as build_assistant
+from graphs.core.runlock import ThreadBusy
+from tests.fakes import ScriptedChatModel
+from ui.runner import (
+    ANSWERED,
+    MALFORMED_ANSWER,
+    MODEL_FAILED,
+    AgentSpec,
+    AnswerRejected,
+    InterruptKind,
+    Runner,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from ui.runner import LoadState, Status
+
+
+@dataclass
+class RecordingView:
+    """Everything the runner told the view, in order."""
+
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+
+    async def begin(self, load_state: LoadState) -> None:
+        self.events.append(("begin", None))
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        if meta.get("langgraph_node") == "assistant" and isinstance(token.content, str):
+            self.tokens.append(token.content)
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        self.events.append(("update", node))
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        if "result" not in event:
+            self.events.append(("task", event["name"]))
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        self.events.append(("end", status))
+        return "".join(self.tokens) or None
+
+
+@dataclass
+class RecordingSurface:
+    views: list[RecordingView] = field(default_factory=list)
+    said: list[tuple[str, str]] = field(default_factory=list)
+    questions: list[tuple[str, str]] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+
+    def view(self, spec: AgentSpec, context: Any) -> RecordingView:
+        self.views.append(RecordingView())
+        return self.views[-1]
+
+    async def notice(self, text: str) -> None:
+        self.said.append(("notice", text))
+
+    async def refuse(self, text: str) -> None:
+        self.said.append(("refuse", text))
+
+    async def failed(self, text: str, *, thread_id: str) -> None:
+        self.said.append(("failed", text))
+
+    async def show_interrupt(self, kind: InterruptKind | None, item: Any, thread_id: str) -> None:
+        self.questions.append((kind.name if kind else "?", item.id))
+
+    async def clear_prompt(self, interrupt_id: str) -> None:
+        self.cleared.append(interrupt_id)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        yield
+
+
+class MemoryThreads:
+    """Ownership as auth/ownership.py keeps it, in a dict."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, str, bool]] = {}
+
+    async def claim(self, *, thread_id: str, user_id: str, agent: str, temporary: bool):
+        owner, kept, temp = self.rows.setdefault(thread_id, (user_id, agent, temporary))
+        if owner != user_id:
+            raise ThreadNotFound
+        return OwnedThread(agent=kept, temporary=temp or temporary)
+
+    async def require(self, *, thread_id: str, user_id: str):
+        row = self.rows.get(thread_id)
+        if row is None or row[0] != user_id:
+            raise ThreadNotFound
+        return OwnedThread(agent=row[1], temporary=row[2])
+
+
+class MemoryLocks:
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    @asynccontextmanager
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        if thread_id in self.held:
+            raise ThreadBusy
+        self.held.add(thread_id)
+        try:
+            yield
+        finally:
+            self.held.discard(thread_id)
+
+
+class AskState(TypedDict, total=False):
+    answer: Any
+
+
+def build_asking(*, checkpointer: Any, store: Any = None, model: Any = None) -> Any:
+    """A graph that pauses on one question and records the answer it was resumed with."""
+
+    def ask(state: AskState) -> dict[str, Any]:
+        return {"answer": interrupt({"kind": "confirm_memory", "content": "I have asthma"})}
+
+    builder = StateGraph(AskState)
+    builder.add_node(ask)
+    builder.add_edge("__start__", "ask")
+    return builder.compile(checkpointer=checkpointer, name="asking")
+
+
+def assistant_spec(**overrides: Any) -> AgentSpec:
+    fields: dict[str, Any] = {
+        "key": "assistant",
+        "profile": "Assistant",
+        "description": "",
+        "build": build_assistant,
+        "inputs": lambda text, mid: {"messages": [HumanMessage(text, id=mid)]},
+        "view": lambda context: RecordingView(),
+        "stream_modes": ("messages", "tasks"),
+    }
+    return AgentSpec(**{**fields, **overrides})
+
+
+def asking_spec() -> AgentSpec:
+    async def render(item: Any, thread_id: str) -> None:
+        return None
+
+    async def edit_or_not(decision: str, value: dict[str, Any], ask: Any) -> Any:
+        if decision == "edit":
+            text = await ask("What instead?", 5)
+            if not text:
+                msg = "No edit arrived."
+                raise AnswerRejected(msg)
+            return {"decision": "edit", "text": text}
+        return {"decision": decision}
+
+    return AgentSpec(
+        key="asking",
+        profile="Asking",
+        description="",
+        build=build_asking,
+        inputs=lambda text, mid: {},
+        view=lambda context: RecordingView(),
+        interrupts=(
+            InterruptKind(
+                name="confirm_memory",
+                decisions=frozenset({"confirm", "reject", "edit"}),
+                render=render,
+                resume_value=edit_or_not,
+            ),
+        ),
+    )
+
+
+def make_runner(*specs: AgentSpec, model: Any = None, services: Any = None) -> Runner:
+    saver = InMemorySaver()
+    graphs = {s.key: s.build(checkpointer=saver, store=InMemoryStore(), model=model) for s in specs}
+    return Runner(
+        agents=specs, graphs=graphs, threads=MemoryThreads(), locks=MemoryLocks(), services=services
+    )
+
+
+async def send(runner: Runner, surface: RecordingSurface, text: str, **kw: Any):
+    args = {
+        "user_id": "alice",
+        "thread_id": "t1",
+        "profile": None,
+        "text": text,
+        "message_id": "m1",
+        "temporary": False,
+        **kw,
+    }
+    return await runner.message(surface, **args)
+
+
+async def test_a_message_streams_through_the_view_and_checkpoints_every_step():
+    model = ScriptedChatModel(["Hello Alice"])
+    runner = make_runner(assistant_spec(), model=model)
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "hi")
+
+    assert outcome.status == "done"
+    assert outcome.reply == "Hello Alice"
+    [view] = surface.views
+    assert view.events[0] == ("begin", None)
+    assert ("task", "recall_memories") in view.events
+    assert ("task", "assistant") in view.events
+    assert view.events[-1] == ("end", "done")
+    assert surface.said == []
+    # Async durability: a checkpoint per super-step, not one at the end of the run.
+    graph = runner.graphs["assistant"]
+    history = [c async for c in graph.aget_state_history({"configurable": {"thread_id": "t1"}})]
+    assert len(history) >= 4  # input, recall, assistant, and the initial empty one
+
+
+async def test_a_foreign_thread_is_refused_before_the_graph_runs():
+    model = ScriptedChatModel(["for alice", "for mallory"])
+    runner = make_runner(assistant_spec(), model=model)
+    await send(runner, RecordingSurface(), "hi")
+    seen = len(model.seen)
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "what did alice say?", user_id="mallory")
+
+    assert outcome.status == "not_found"
+    assert surface.said == [("refuse", NOT_FOUND)]
+    assert surface.views == []
+    assert len(model.seen) == seen
+    assert (await runner.retry(surface, user_id="mallory", thread_id="t1")).status == "not_found"
+
+
+async def test_a_second_run_on_a_busy_thread_is_refused():
+    runner = make_runner(assistant_spec(), model=ScriptedChatModel(["one"]))
+    locks = runner.locks
+    assert isinstance(locks, MemoryLocks)
+    locks.held.add("t1")
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "hi")
+
+    assert outcome.status == "busy"
+    assert surface.said == [("refuse", str(ThreadBusy()))]
+
+
+async def test_a_failing_model_offers_retry_and_retry_resumes_from_the_checkpoint():
+    model = ScriptedChatModel([])  # runs out at once: the model "fails"
+    runner = make_runner(assistant_spec(), model=model)
+    surface = RecordingSurface()
+
+    failed = await send(runner, surface, "hi")
+
+    assert failed.status == "failed"
+    assert surface.said == [("failed", MODEL_FAILED)]
+    assert surface.views[0].events[-1] == ("end", "failed")
+    model.messages = iter(["Back again"])
+    retried = await runner.retry(surface, user_id="alice", thread_id="t1")
+    assert retried.status == "done"
+    state = await runner.graphs["assistant"].aget_state({"configurable": {"thread_id": "t1"}})
+    humans = [m for m in state.values["messages"] if m.type == "human"]
+    assert len(humans) == 1  # the retry did not add the message twice
+
+
+async def test_the_recursion_limit_is_a_notice_not_a_crash():
+    from langchain_core.messages import AIMessage
+    from langchain_core.messages.tool import tool_call
+
+    loop = [
+        AIMessage("", tool_calls=[tool_call(name="forget", args={"query": "x"}, id=f"c{i}")])
+        for i in range(10)
+    ]
+    spec = assistant_spec(recursion_limit=lambda: 3, recursion_notice="went round")
+    runner = make_runner(spec, model=ScriptedChatModel(loop))
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "forget x")
+
+    assert outcome.status == "stopped"
+    assert surface.said == [("notice", "went round")]
+
+
+async def test_a_pause_comes_from_the_stream_and_only_its_own_answers_resume_it():
+    runner = make_runner(asking_spec())
+    surface = RecordingSurface()
+
+    paused = await send(runner, surface, "go", profile="Asking")
+
+    assert paused.status == "paused"
+    [pending] = paused.interrupts
+    assert surface.questions == [("confirm_memory", pending.id)]
+    answer = {"user_id": "alice", "thread_id": "t1", "interrupt_id": pending.id}
+
+    bad = await runner.answer(surface, decision="run-anything", **answer)
+    assert bad.status == "refused"
+    assert surface.said[-1] == ("refuse", MALFORMED_ANSWER)
+
+    foreign = await runner.answer(surface, decision="confirm", **{**answer, "user_id": "bob"})
+    assert foreign.status == "not_found"
+
+    unknown = await runner.answer(surface, decision="confirm", **{**answer, "interrupt_id": "x"})
+    assert unknown.status == "refused"
+    assert surface.said[-1] == ("refuse", ANSWERED)
+
+    done = await runner.answer(surface, decision="confirm", **answer)
+    assert done.status == "done"
+    assert surface.cleared == [pending.id]
+    state = await runner.graphs["asking"].aget_state({"configurable": {"thread_id": "t1"}})
+    assert state.values["answer"] == {"decision": "confirm"}
+
+    again = await runner.answer(surface, decision="reject", **answer)
+    assert again.status == "refused"
+    assert surface.said[-1] == ("refuse", ANSWERED)
+
+
+async def test_an_edit_that_never_arrives_keeps_the_question_pending():
+    runner = make_runner(asking_spec())
+    surface = RecordingSurface()
+    paused = await send(runner, surface, "go", profile="Asking")
+    [pending] = paused.interrupts
+
+    async def no_reply(question: str, seconds: int) -> str | None:
+        return None
+
+    outcome = await runner.answer(
+        surface,
+        user_id="alice",
+        thread_id="t1",
+        interrupt_id=pending.id,
+        decision="edit",
+        ask=no_reply,
+    )
+
+    assert outcome.status == "paused"
+    assert surface.said[-1] == ("refuse", "No edit arrived.")
+    assert [i.id for i in await runner.pending(user_id="alice", thread_id="t1")] == [pending.id]
+
+
+async def test_a_thread_keeps_its_agent_whatever_profile_the_client_reports():
+    model = ScriptedChatModel(["hi"])
+    runner = make_runner(asking_spec(), assistant_spec(), model=model)
+    surface = RecordingSurface()
+    await send(runner, surface, "go", profile="Asking")
+
+    outcome = await send(runner, surface, "hi", profile="Assistant")
+
+    assert outcome.owned is not None
+    assert outcome.owned.agent == "asking"
+    assert model.seen == []  # the Assistant never ran on the Asking thread
+
+
+async def test_the_after_turn_hook_runs_off_the_reply_path_with_the_services():
+    seen: list[tuple[Any, str]] = []
+
+    async def hook(services: Any, context: Any) -> None:
+        seen.append((services, context.thread_id))
+
+    services = object()
+    runner = make_runner(
+        assistant_spec(after_turn=hook), model=ScriptedChatModel(["hi"]), services=services
+    )
+    await send(runner, RecordingSurface(), "hi")
+    await runner.drain()
+
+    assert seen == [(services, "t1")]
+
+
+async def test_reopening_shows_a_pending_question_again_for_its_owner_only():
+    runner = make_runner(asking_spec())
+    await send(runner, RecordingSurface(), "go", profile="Asking")
+    surface = RecordingSurface()
+
+    reopened = await runner.reopen(surface, user_id="alice", thread_id="t1")
+
+    assert reopened.status == "paused"
+    assert [q[0] for q in surface.questions] == ["confirm_memory"]
+    with pytest.raises(ThreadNotFound):
+        await runner.pending(user_id="bob", thread_id="t1")

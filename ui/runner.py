@@ -1,0 +1,476 @@
+"""Where a turn runs: every message, retry, button answer and memory-page answer of every agent.
+
+One path for all of them: ownership → run lock → config → stream → view → interrupts →
+after-turn hook. Agents differ only through their `AgentSpec` (ui/agents/); what the user
+sees differs only through the `Surface` the caller passes (the chat, or a headless one for
+HTTP pages). This module imports no Chainlit, so the whole path runs in unit tests with a
+scripted model, an in-memory saver and a fake surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+from langgraph.errors import GraphRecursionError
+from langgraph.types import Command
+
+from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
+from graphs.core.context import Context
+from graphs.core.runlock import ThreadBusy
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.types import Interrupt, StateSnapshot, StreamMode
+
+    from graphs.core.persistence import Pool
+
+log = logging.getLogger("cairn.turns")
+
+DURABILITY: Literal["async"] = "async"
+"""Every agent checkpoints after every super-step (design notes): a crash loses at most the
+step in flight, and the thread's history shows every step."""
+
+RECURSION_NOTICE = (
+    "I went round in circles on that one and stopped. Could you rephrase or break the "
+    "request into smaller parts?"
+)
+MODEL_FAILED = "The model did not answer. Your message is saved; press Retry to try again."
+ANSWERED = "That question has already been answered."
+MALFORMED_ANSWER = "That button's request was malformed and has been ignored."
+UNAVAILABLE = "This conversation's agent is not available on this server."
+
+Status = Literal["done", "paused", "stopped", "failed", "busy", "not_found", "refused"]
+LoadState = Callable[[], Awaitable["StateSnapshot"]]
+Ask = Callable[[str, int], Awaitable[str | None]]
+"""Ask the user a question (text, timeout in seconds); their answer, or None."""
+
+
+class AnswerRejected(ValueError):
+    """An answer that cannot be used (e.g. an edit that fails its checks); shown to the user,
+    and the question stays pending."""
+
+
+class View(Protocol):
+    """How one agent shows one run: told about everything the graph streams, in order.
+
+    A view may set `first_token_at` (time.perf_counter()) when its reply starts streaming;
+    the runner logs it as the turn's time to first token.
+    """
+
+    async def begin(self, load_state: LoadState) -> None: ...
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None: ...
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None: ...
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None: ...
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        """Finish the run's display (the reply, closed steps, final status); the reply text."""
+        ...
+
+
+@dataclass(frozen=True)
+class InterruptKind:
+    """One kind of question a graph pauses on (`interrupt({"kind": name, ...})`)."""
+
+    name: str
+    decisions: frozenset[str]
+    """The answers a button may send; anything else is refused before the graph sees it."""
+    render: Callable[[Interrupt, str], Awaitable[None]]
+    """Show the question with its buttons (given the interrupt and the thread id)."""
+    resume_value: Callable[[str, dict[str, Any], Ask], Awaitable[Any]] = field(
+        default=lambda decision, _value, _ask: _decision(decision)
+    )
+    """The Command(resume=...) value for a decision; may ask the user first (AnswerRejected
+    keeps the question pending)."""
+
+
+async def _decision(decision: str) -> dict[str, str]:
+    return {"decision": decision}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything that makes one agent different, declared once (ui/agents/<key>.py)."""
+
+    key: str
+    """Stable name stored with each thread (cairn_threads.agent)."""
+    profile: str
+    """Chainlit chat profile name shown to users."""
+    description: str
+    build: Callable[..., Any]
+    """build_graph(*, checkpointer, store, model=None)."""
+    inputs: Callable[[str, str], dict[str, Any]]
+    """The graph input for a user's message (text, message id)."""
+    view: Callable[[Context], View]
+    """A fresh view of one run in the chat."""
+    interrupts: tuple[InterruptKind, ...] = ()
+    stream_modes: tuple[StreamMode, ...] = ("updates",)
+    """What the view needs besides `updates` (which the runner always takes, for interrupts)."""
+    subgraphs: bool = False
+    recursion_limit: Callable[[], int] = lambda: 25
+    recursion_notice: str = RECURSION_NOTICE
+    restore: Callable[[StateSnapshot], Awaitable[None]] | None = None
+    """Show a reopened conversation's panels (task list, final status) from its state."""
+    after_turn: Callable[[Any, Context], Awaitable[None]] | None = None
+    """Run off the reply's path after a finished or paused run (given the runner's services)."""
+    memory_prefetch: bool = False
+    """Start embedding the message for recall while ownership and the checkpoint load."""
+    order: int = 100
+    """Place in the profile list (lowest first; the first is the default)."""
+
+    def interrupt_kind(self, value: Any) -> InterruptKind | None:
+        name = value.get("kind") if isinstance(value, dict) else None
+        return next((k for k in self.interrupts if k.name == name), None)
+
+
+class Surface(Protocol):
+    """Where a run's messages go: the chat session, or nowhere visible (an HTTP page)."""
+
+    def view(self, spec: AgentSpec, context: Context) -> View: ...
+    async def notice(self, text: str) -> None: ...
+    async def refuse(self, text: str) -> None: ...
+    async def failed(self, text: str, *, thread_id: str) -> None:
+        """An error with a Retry button that resumes the thread from its last checkpoint."""
+        ...
+
+    async def show_interrupt(
+        self, kind: InterruptKind | None, interrupt: Any, thread_id: str
+    ) -> None: ...
+    async def clear_prompt(self, interrupt_id: str) -> None: ...
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """Around a run the surface did not start itself (button answers): busy, then idle."""
+        ...
+
+
+class RunLocks(Protocol):
+    def hold(self, thread_id: str) -> AbstractAsyncContextManager[None]: ...
+
+
+class Threads(Protocol):
+    """Thread ownership (auth/ownership.py on Postgres; tests may keep it in memory)."""
+
+    async def claim(
+        self, *, thread_id: str, user_id: str, agent: str, temporary: bool
+    ) -> OwnedThread: ...
+    async def require(self, *, thread_id: str, user_id: str) -> OwnedThread: ...
+
+
+@dataclass(frozen=True)
+class PostgresThreads:
+    pool: Pool
+
+    async def claim(
+        self, *, thread_id: str, user_id: str, agent: str, temporary: bool
+    ) -> OwnedThread:
+        return await claim_thread(
+            self.pool, thread_id=thread_id, user_id=user_id, agent=agent, temporary=temporary
+        )
+
+    async def require(self, *, thread_id: str, user_id: str) -> OwnedThread:
+        return await require_owner(self.pool, thread_id=thread_id, user_id=user_id)
+
+
+@dataclass
+class RunOutcome:
+    status: Status
+    interrupts: list[Interrupt] = field(default_factory=list)
+    reply: str | None = None
+    owned: OwnedThread | None = None
+
+
+class Runner:
+    """Runs every turn of every agent; one per worker process."""
+
+    def __init__(
+        self,
+        *,
+        agents: Sequence[AgentSpec],
+        graphs: Mapping[str, Any],
+        threads: Threads,
+        locks: RunLocks,
+        services: Any = None,
+    ) -> None:
+        if not agents:
+            msg = "the runner needs at least one agent"
+            raise ValueError(msg)
+        self.agents = tuple(agents)
+        self.graphs = graphs
+        self.threads = threads
+        self.locks = locks
+        self.services = services
+        """Handed to after-turn hooks (e.g. the memory job queue)."""
+        self._background: set[asyncio.Task[None]] = set()
+
+    def spec_for_profile(self, profile: str | None) -> AgentSpec:
+        return next((a for a in self.agents if a.profile == profile), self.agents[0])
+
+    def spec(self, key: str) -> AgentSpec | None:
+        return next((a for a in self.agents if a.key == key), None)
+
+    # -- the entry points -------------------------------------------------------------
+
+    async def message(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        profile: str | None,
+        text: str,
+        message_id: str,
+        temporary: bool,
+    ) -> RunOutcome:
+        """A user's message: the thread is claimed (or checked) and the agent it keeps runs."""
+        wanted = self.spec_for_profile(profile)
+        try:
+            # A thread keeps the agent it was started with, whatever profile the client reports.
+            owned = await self.threads.claim(
+                thread_id=thread_id, user_id=user_id, agent=wanted.key, temporary=temporary
+            )
+        except ThreadNotFound:
+            await surface.refuse(NOT_FOUND)
+            return RunOutcome("not_found")
+        spec = self.spec(owned.agent)
+        if spec is None:
+            await surface.refuse(UNAVAILABLE)
+            return RunOutcome("refused", owned=owned)
+        context = _context(owned, user_id, thread_id)
+        return await self._run(surface, spec, spec.inputs(text, message_id), context, owned)
+
+    async def retry(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
+        """Resume the thread from its last checkpoint: the failed node runs again."""
+        checked = await self._owned(surface, user_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        return await self._run(surface, spec, None, _context(owned, user_id, thread_id), owned)
+
+    async def answer(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        interrupt_id: str,
+        decision: str,
+        ask: Ask | None = None,
+    ) -> RunOutcome:
+        """A button answering a paused run, checked against the thread, the pause and its kind."""
+        checked = await self._owned(surface, user_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        pending = await self._pending(spec, thread_id, interrupt_id)
+        if pending is None:
+            await surface.refuse(ANSWERED)
+            return RunOutcome("refused", owned=owned)
+        kind = spec.interrupt_kind(pending.value)
+        decisions = kind.decisions if kind is not None else frozenset({"confirm", "reject"})
+        if decision not in decisions:
+            log.warning("refused: decision %r for a %s question", decision[:40], spec.key)
+            await surface.refuse(MALFORMED_ANSWER)
+            return RunOutcome("refused", owned=owned)
+        value = pending.value if isinstance(pending.value, dict) else {}
+        try:
+            resume = (
+                await kind.resume_value(decision, value, ask or _no_answer)
+                if kind is not None
+                else {"decision": decision}
+            )
+        except AnswerRejected as exc:  # e.g. an Edit whose text never came: still waiting
+            await surface.refuse(str(exc))
+            return RunOutcome("paused", [pending], owned=owned)
+        command: Command[Any] = Command(resume={interrupt_id: resume})
+        context = _context(owned, user_id, thread_id)
+        async with surface.running():
+            return await self._run(surface, spec, command, context, owned, answering=interrupt_id)
+
+    async def reopen(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
+        """A conversation opened again: its panels come back and a paused run gets its buttons."""
+        checked = await self._owned(surface, user_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        graph = self.graphs.get(spec.key)
+        if graph is None:
+            return RunOutcome("refused", owned=owned)
+        state = await graph.aget_state(_config(thread_id, spec))
+        if spec.restore is not None:
+            await spec.restore(state)
+        interrupts = list(state.interrupts)
+        for interrupt in interrupts:
+            await surface.show_interrupt(spec.interrupt_kind(interrupt.value), interrupt, thread_id)
+        return RunOutcome("paused" if interrupts else "done", interrupts, owned=owned)
+
+    async def pending(self, *, user_id: str, thread_id: str) -> list[Interrupt]:
+        """The thread's pending questions, for its owner (ThreadNotFound for anyone else)."""
+        owned = await self.threads.require(thread_id=thread_id, user_id=user_id)
+        spec, graph = self.spec(owned.agent), self.graphs.get(owned.agent)
+        if spec is None or graph is None:
+            return []
+        return list((await graph.aget_state(_config(thread_id, spec))).interrupts)
+
+    # -- one run --------------------------------------------------------------------
+
+    async def _owned(
+        self, surface: Surface, user_id: str, thread_id: str
+    ) -> tuple[AgentSpec, OwnedThread] | RunOutcome:
+        try:
+            owned = await self.threads.require(thread_id=thread_id, user_id=user_id)
+        except ThreadNotFound:
+            await surface.refuse(NOT_FOUND)
+            return RunOutcome("not_found")
+        spec = self.spec(owned.agent)
+        if spec is None or spec.key not in self.graphs:
+            await surface.refuse(UNAVAILABLE)
+            return RunOutcome("refused", owned=owned)
+        return spec, owned
+
+    async def _pending(self, spec: AgentSpec, thread_id: str, interrupt_id: str) -> Any:
+        state = await self.graphs[spec.key].aget_state(_config(thread_id, spec))
+        return next((i for i in state.interrupts if i.id == interrupt_id), None)
+
+    async def _run(
+        self,
+        surface: Surface,
+        spec: AgentSpec,
+        inputs: dict[str, Any] | Command[Any] | None,
+        context: Context,
+        owned: OwnedThread,
+        *,
+        answering: str | None = None,
+    ) -> RunOutcome:
+        """One run on the thread; a second one while it works is refused (across workers)."""
+        graph = self.graphs.get(spec.key)
+        if graph is None:
+            await surface.refuse(UNAVAILABLE)
+            return RunOutcome("refused", owned=owned)
+        try:
+            async with self.locks.hold(context.thread_id):
+                if answering is not None:
+                    # Checked again under the lock: two presses of one button, on two workers.
+                    if await self._pending(spec, context.thread_id, answering) is None:
+                        await surface.refuse(ANSWERED)
+                        return RunOutcome("refused", owned=owned)
+                    await surface.clear_prompt(answering)
+                outcome = await self._stream(surface, spec, graph, inputs, context)
+        except ThreadBusy as exc:
+            await surface.refuse(str(exc))
+            return RunOutcome("busy", owned=owned)
+        outcome.owned = owned
+        for interrupt in outcome.interrupts:
+            await surface.show_interrupt(
+                spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
+            )
+        if outcome.status in ("done", "paused") and spec.after_turn is not None:
+            self._in_background(spec.after_turn(self.services, context))
+        return outcome
+
+    async def _stream(
+        self,
+        surface: Surface,
+        spec: AgentSpec,
+        graph: Any,
+        inputs: dict[str, Any] | Command[Any] | None,
+        context: Context,
+    ) -> RunOutcome:
+        config = _config(context.thread_id, spec)
+        modes: list[StreamMode] = list(dict.fromkeys(("updates", *spec.stream_modes)))
+
+        async def load_state() -> StateSnapshot:
+            return cast("StateSnapshot", await graph.aget_state(config))
+
+        view = surface.view(spec, context)
+        interrupts: dict[str, Interrupt] = {}
+        started = time.perf_counter()
+        status: Status = "failed"
+        reply: str | None = None
+        try:
+            await view.begin(load_state)
+            stream = graph.astream(
+                inputs,
+                config,
+                context=context,
+                stream_mode=modes,
+                subgraphs=True,
+                durability=DURABILITY,
+            )
+            async for namespace, mode, chunk in cast(
+                "AsyncIterator[tuple[tuple[str, ...], str, Any]]", stream
+            ):
+                await _dispatch(view, namespace, mode, chunk, interrupts)
+            status = "paused" if interrupts else "done"
+        except GraphRecursionError:
+            log.warning("%s run hit its recursion limit (thread %s)", spec.key, context.thread_id)
+            status = "stopped"
+            await surface.notice(spec.recursion_notice)
+        except Exception:
+            log.exception("%s run failed (thread %s)", spec.key, context.thread_id)
+            await surface.failed(MODEL_FAILED, thread_id=context.thread_id)
+        finally:
+            reply = await view.end(status, load_state)
+        first_token_at = getattr(view, "first_token_at", None)
+        log.info(
+            "run agent=%s thread=%s status=%s first_token_ms=%s total_ms=%.1f",
+            spec.key,
+            context.thread_id,
+            status,
+            f"{(first_token_at - started) * 1000:.1f}" if first_token_at else "-",
+            (time.perf_counter() - started) * 1000,
+        )
+        return RunOutcome(status, list(interrupts.values()), reply)
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)  # type: ignore[arg-type]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("after-turn work failed", exc_info=exc)
+
+    async def drain(self) -> None:
+        """Wait for after-turn work (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+async def _dispatch(
+    view: View,
+    namespace: tuple[str, ...],
+    mode: str,
+    chunk: Any,
+    interrupts: dict[str, Interrupt],
+) -> None:
+    if mode == "messages":
+        token, meta = chunk
+        await view.token(namespace, token, meta)
+    elif mode == "tasks":
+        await view.task(namespace, chunk)
+    elif mode == "updates" and isinstance(chunk, dict):
+        for node, delta in chunk.items():
+            if node == "__interrupt__":
+                interrupts.update({i.id: i for i in delta})
+            else:
+                await view.update(namespace, node, delta)
+
+
+def _config(thread_id: str, spec: AgentSpec) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id}, "recursion_limit": spec.recursion_limit()}
+
+
+def _context(owned: OwnedThread, user_id: str, thread_id: str) -> Context:
+    return Context(
+        user_id=user_id, thread_id=thread_id, agent=owned.agent, memory=not owned.temporary
+    )
+
+
+async def _no_answer(_question: str, _timeout: int) -> str | None:
+    return None

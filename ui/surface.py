@@ -1,0 +1,189 @@
+"""The runner's output in a Chainlit chat: notices, errors with Retry, questions with buttons."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import chainlit as cl
+from chainlit.utils import utc_now
+from langchain_core.messages import AIMessage
+
+from ui.actions import ANSWER_ACTION, RETRY_ACTION
+from ui.chainlit_patches import task_signals
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from graphs.core.context import Context
+    from ui.runner import AgentSpec, InterruptKind, LoadState, Status, View
+
+log = logging.getLogger("cairn")
+
+MAX_TRACKED_PROMPTS = 1000
+_prompts: dict[str, cl.Message] = {}
+"""The live question message of each pending interrupt (ids are unique across threads), in
+this worker; kept outside the user session, which Chainlit replaces on every resume. Only a
+convenience for taking buttons off: a press is always checked against the checkpoint."""
+
+
+def buttons(thread_id: str, interrupt_id: str, labels: dict[str, str]) -> list[cl.Action]:
+    """One button per decision; every kind of question uses the same action and payload."""
+    return [
+        cl.Action(
+            name=ANSWER_ACTION,
+            label=label,
+            payload={"thread_id": thread_id, "interrupt_id": interrupt_id, "decision": decision},
+        )
+        for decision, label in labels.items()
+    ]
+
+
+async def ask_question(
+    interrupt_id: str, thread_id: str, text: str, labels: dict[str, str], *, author: str = "Cairn"
+) -> cl.Message:
+    """A question with its buttons, tracked so they can be taken off once answered."""
+    message = cl.Message(
+        content=text, author=author, actions=buttons(thread_id, interrupt_id, labels)
+    )
+    await message.send()
+    await remember_prompt(interrupt_id, message)
+    return message
+
+
+async def remember_prompt(interrupt_id: str, message: cl.Message) -> None:
+    """A question shown again (the browser may resume a thread twice) replaces its earlier
+    copy instead of leaving two sets of live buttons."""
+    previous = _prompts.pop(interrupt_id, None)
+    if previous is not None and previous.id != message.id:
+        await previous.remove()
+    _prompts[interrupt_id] = message
+    while len(_prompts) > MAX_TRACKED_PROMPTS:
+        _prompts.pop(next(iter(_prompts)))
+
+
+def new_reply(*, author: str | None = None) -> cl.Message:
+    """A reply dated when its first token arrives, so it sorts below the steps that led to it
+    and above what follows it (Chainlit would date it when the stream ends)."""
+    message = cl.Message(content="", created_at=utc_now())
+    if author is not None:
+        message.author = author
+    return message
+
+
+async def refuse(text: str) -> None:
+    """An error shown at the top level of the conversation (never nested under a removed step)."""
+    error = cl.ErrorMessage(content=text)
+    error.parent_id = None
+    await error.send()
+
+
+async def ask_text(question: str, seconds: int) -> str | None:
+    """The user's typed answer to a question (an Edit), or None when none came in time."""
+    answer = await cl.AskUserMessage(content=question, author="Cairn", timeout=seconds).send()
+    text = str((answer or {}).get("output", "")).strip()
+    return text or None
+
+
+class ChatSurface:
+    """The runner's surface for the signed-in user's live chat session."""
+
+    def __init__(self, *, signals_task: bool = False) -> None:
+        self.signals_task = signals_task
+        """True for button answers: Chainlit sends no task signals around action callbacks."""
+
+    def view(self, spec: AgentSpec, context: Context) -> View:
+        return spec.view(context)
+
+    async def notice(self, text: str) -> None:
+        await cl.Message(content=text, author="Cairn").send()
+
+    async def refuse(self, text: str) -> None:
+        await refuse(text)
+
+    async def failed(self, text: str, *, thread_id: str) -> None:
+        await cl.Message(
+            author="Cairn",
+            content=text,
+            actions=[cl.Action(name=RETRY_ACTION, label="Retry", payload={"thread_id": thread_id})],
+        ).send()
+
+    async def show_interrupt(
+        self, kind: InterruptKind | None, interrupt: Any, thread_id: str
+    ) -> None:
+        if kind is not None:
+            await kind.render(interrupt, thread_id)
+            return
+        await ask_question(
+            interrupt.id,
+            thread_id,
+            "The assistant is waiting for your answer.",
+            {"confirm": "Continue", "reject": "Cancel"},
+        )
+
+    async def clear_prompt(self, interrupt_id: str) -> None:
+        if (message := _prompts.pop(interrupt_id, None)) is not None:
+            await message.remove_actions()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        if not self.signals_task:
+            yield
+            return
+        async with task_signals():
+            yield
+
+
+class HeadlessView:
+    """A run nobody watches live (answered from an HTTP page): only its reply text counts."""
+
+    async def begin(self, load_state: LoadState) -> None:
+        return None
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        return None
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        return None
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        return None
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        if status != "done":
+            return None
+        messages = (await load_state()).values.get("messages") or []
+        last = messages[-1] if messages else None
+        return str(last.text) if isinstance(last, AIMessage) else None
+
+
+class HeadlessSurface:
+    """Errors are kept for the caller to turn into an HTTP answer."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def view(self, spec: AgentSpec, context: Context) -> View:
+        return HeadlessView()
+
+    async def notice(self, text: str) -> None:
+        self.errors.append(text)
+
+    async def refuse(self, text: str) -> None:
+        self.errors.append(text)
+
+    async def failed(self, text: str, *, thread_id: str) -> None:
+        self.errors.append(text)
+
+    async def show_interrupt(
+        self, kind: InterruptKind | None, interrupt: Any, thread_id: str
+    ) -> None:
+        return None
+
+    async def clear_prompt(self, interrupt_id: str) -> None:
+        return None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        yield
