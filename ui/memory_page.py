@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from chainlit.auth import clear_auth_cookie, get_current_user
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -35,7 +35,42 @@ from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
-    from ui.runtime import AppRuntime
+    from collections.abc import Callable, Mapping
+
+    from graphs.core.persistence import Persistence, Pool
+    from graphs.core.settings import Settings
+    from graphs.memory.jobs import MemoryJobs
+    from graphs.memory.privacy import Privacy
+    from ui.runner import Runner
+
+
+class AppRuntime(Protocol):
+    """What the page needs from the worker's start-up (ui/runtime.AppRuntime provides it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def pool(self) -> Pool: ...
+
+    @property
+    def public_url(self) -> str: ...
+
+    @property
+    def persistence(self) -> Persistence | None: ...
+
+    @property
+    def graphs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def memory_jobs(self) -> MemoryJobs | None: ...
+
+    @property
+    def privacy(self) -> Privacy: ...
+
+    @property
+    def runner(self) -> Runner: ...
+
 
 log = logging.getLogger("cairn.security")
 
@@ -71,11 +106,15 @@ def category_label(key: str) -> str:
     return CATEGORY_LABELS.get(key, CATEGORY_LABELS["other"])
 
 
-def _runtime() -> AppRuntime:
-    from ui.runtime import get_runtime
+_runtime_source: Callable[[], AppRuntime] | None = None
+"""Set by build_router: the worker's runtime, once it has started."""
 
+
+def _runtime() -> AppRuntime:
     try:
-        return get_runtime()
+        if _runtime_source is None:
+            raise RuntimeError
+        return _runtime_source()
     except RuntimeError:
         raise HTTPException(status_code=503, detail="Cairn is still starting") from None
 
@@ -143,7 +182,10 @@ class WipeBody(BaseModel):
     confirm: str
 
 
-def build_router() -> APIRouter:
+def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
+    """The memory page and its API; `runtime` returns the started worker (or raises RuntimeError)."""
+    global _runtime_source
+    _runtime_source = runtime
     router = APIRouter()
 
     @router.get("/memory", include_in_schema=False)

@@ -125,7 +125,7 @@ def prepare(app: FastAPI) -> AppRuntime:
             allow_signup=settings.local_signup,
         )
         mount_before_catch_all(app, router)
-    mount_before_catch_all(app, build_memory_router())
+    mount_before_catch_all(app, build_memory_router(get_runtime))
     mount_before_catch_all(app, corpus_router(settings))
     _runtime = AppRuntime(
         settings=settings,

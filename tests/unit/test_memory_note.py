@@ -12,8 +12,8 @@ from langgraph.store.memory import InMemoryStore
 from graphs.assistant.graph import build_graph
 from graphs.core.context import Context
 from tests.fakes import ScriptedChatModel
-from ui.memory_note import memory_note, tool_messages
 from ui.agents.assistant import SPEC
+from ui.memory_note import memory_note, tool_messages
 
 
 def calls(*calls: tuple[str, dict[str, Any]]) -> AIMessage:

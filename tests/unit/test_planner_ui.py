@@ -8,8 +8,7 @@ import chainlit as cl
 import pytest
 
 from graphs.planner.sql import Table
-from ui.actions import ActionRejected, parse_payload
-from ui.actions import AnswerPayload
+from ui.actions import ActionRejected, AnswerPayload, parse_payload
 from ui.agents.planner import bar_chart, edit_value, review_text
 
 THREAD = "thread-of-this-session"
