@@ -37,6 +37,7 @@ from ui.surface import HeadlessSurface
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from auth.local_accounts import LocalAccounts
     from graphs.core.persistence import Persistence, Pool
     from graphs.core.settings import Settings
     from graphs.memory.jobs import MemoryJobs
@@ -55,6 +56,9 @@ class AppRuntime(Protocol):
 
     @property
     def public_url(self) -> str: ...
+
+    @property
+    def accounts(self) -> LocalAccounts | None: ...
 
     @property
     def persistence(self) -> Persistence | None: ...
