@@ -1,19 +1,15 @@
 """Chainlit entry point: wires Chainlit's hooks to the handlers in ui/. Nothing else."""
 
 import chainlit as cl
-import chainlit.server
 from chainlit.server import app
 
 from auth.oauth import oauth_callback
-from ui import chat, event_loop, runtime
+from ui import chat, runtime
 from ui.actions import ANSWER_ACTION, RETRY_ACTION
-from ui.data_layer import PostgresDataLayer, require_thread_author
+from ui.data_layer import PostgresDataLayer
 
+# Also installs every Chainlit patch (ui/chainlit_patches.py) before Chainlit serves.
 _runtime = runtime.prepare(app)
-event_loop.install()
-
-# Unknown and foreign threads get the same refusal on every Chainlit thread endpoint.
-chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignment]
 
 cl.on_app_startup(runtime.start)
 cl.on_app_shutdown(runtime.stop)

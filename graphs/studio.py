@@ -40,13 +40,12 @@ async def prepare_analytics() -> None:
     from graphs.core.migrations import migrate
     from graphs.core.persistence import database_url, make_pool
     from graphs.core.settings import get_settings
-    from graphs.planner.sql import migrations as planner_migrations
 
     pool = make_pool(await database_url(get_settings()), min_size=1, max_size=1)
     await pool.open(wait=True, timeout=30)
     try:
         async with pool.connection() as conn:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        await migrate(pool, planner_migrations())
+        await migrate(pool)  # the app's one ordered list (the demo dataset is in it)
     finally:
         await pool.close()

@@ -45,6 +45,12 @@ function when(iso) {
   return Number.isNaN(date.getTime()) ? "" : date.toLocaleString();
 }
 
+// The server's names for category keys ("finance_sensitive" reads "Finance (sensitive)").
+function categoryName(key) {
+  const labels = state.category_labels || {};
+  return labels[key] || labels.other || "Other";
+}
+
 function conversationLink(threadId, name) {
   const link = el("a", name || "a conversation");
   link.href = "/thread/" + encodeURIComponent(threadId);
@@ -62,7 +68,7 @@ async function load() {
 }
 
 function render() {
-  $("who").textContent = state.user;
+  $("who").textContent = state.display_name;
   renderSettings();
   renderSuggestions();
   renderMemories();
@@ -80,7 +86,7 @@ function renderSettings() {
     input.type = "checkbox";
     input.value = category;
     input.checked = s.opted_in.includes(category);
-    label.append(input, " " + category.replace("_", " "));
+    label.append(input, " " + categoryName(category));
     box.append(label);
   }
   $("retention").value = s.retention_days ? String(s.retention_days) : "";
@@ -96,7 +102,7 @@ function renderSuggestions() {
     const item = el("li", null, "suggestion");
     item.dataset.id = s.id;
     item.append(el("div", s.content, "text"));
-    const meta = el("div", s.category, "meta");
+    const meta = el("div", s.category_label || categoryName(s.category), "meta");
     if (s.thread_id && s.conversation) {
       meta.append(" · from ", conversationLink(s.thread_id, s.conversation));
     }
@@ -131,7 +137,7 @@ function renderMemories() {
   select.replaceChildren(el("option", "All categories"));
   select.firstChild.value = "";
   for (const c of categories) {
-    const option = el("option", c);
+    const option = el("option", categoryName(c));
     option.value = c;
     select.append(option);
   }
@@ -155,7 +161,7 @@ function renderMemories() {
     groups.get(m.category).push(m);
   }
   for (const [category, memories] of groups) {
-    box.append(el("h3", category));
+    box.append(el("h3", categoryName(category)));
     const list = el("ul", null, "list");
     for (const m of memories) list.append(memoryRow(m));
     box.append(list);

@@ -1,38 +1,73 @@
-"""Where Chainlit 2.12.0 trusts the client, patched: session ids, thread ids, socket event shapes.
+"""Every place Cairn patches Chainlit 2.12.0 or copies its internals, with the reason for each.
 
-Chainlit takes the socket's `auth` object, every event's arguments and every answer to an ask
-as the client sent them. Each patch below names the Chainlit code it guards and why;
-tests/unit/test_chainlit_patches.py fails when an upgrade changes that code, so the patch is
-looked at again instead of silently guarding nothing.
+Chainlit trusts the client with session ids, thread ids, socket event shapes and ask answers;
+it blocks the event loop in every Step; it renders model text as given; it keeps its settings,
+uploads folder, thread ACL and sockets in module globals. Each patch below names the Chainlit
+code it relies on and why it exists; tests/unit/test_chainlit_patches.py pins a hash of that
+Chainlit source and fails, naming the patch to re-check, when an upgrade changes it.
+
+The patches, in the order `install` applies them:
+
+- settings: `chainlit_config` and the `CHAINLIT_AUTH_SECRET` / `CHAINLIT_URL` variables from
+  Cairn's Settings (`configure_chainlit`).
+- sockets: every socket handler checks its frame first (`guard_socket_events`).
+- uploads: a private uploads folder per process (`relocate_files`).
+- clock: Chainlit's 1 ms sleep per Step/Message only when needed (`SpacedClock`).
+- thread ACL: one answer for unknown and foreign threads (`require_thread_author`).
+- output: the sanitising emitter and task list (`SanitisingEmitter`, `guard_output`).
+
+And helpers for code that must reach Chainlit's internals: `mount_before_catch_all` (routes
+before Chainlit's catch-all), `task_signals` (the busy/idle signals action callbacks lack),
+`disconnect_user_sockets` (Chainlit's socket registry) and `write_assistant_message`
+(Chainlit's Step table). ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
+documented extension point); the Chainlit SQL it copies is pinned by the same test.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
+import os
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import chainlit.config
+import chainlit.element
+import chainlit.emitter
 import chainlit.server
 from chainlit.auth import get_current_user, get_token_from_cookies
 from chainlit.config import config as chainlit_config
-from chainlit.context import context as cl_context
+from chainlit.context import context as chainlit_context
 from chainlit.data import get_data_layer
-from chainlit.session import WebsocketSession
+from chainlit.emitter import ChainlitEmitter
+from chainlit.session import WebsocketSession, ws_sessions_id
+from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
+from auth.ownership import NOT_FOUND
+from ui.output_guard import policy_for, sanitise_step, sanitise_text
+from ui.render import StreamSanitiser
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter, FastAPI
+
+    from graphs.core.persistence import Pool
+    from graphs.core.settings import Settings
+
 log = logging.getLogger("cairn.security")
 
 CHAINLIT_VERSION = "2.12.0"
-"""The Chainlit release these patches were checked against."""
+"""The Chainlit release every patch and copy in this module was checked against."""
 
 SOCKET_EVENTS = frozenset(
     {
@@ -343,7 +378,7 @@ Handler = Callable[..., Awaitable[Any]]
 Emit = Callable[[str, Any, str], Awaitable[None]]
 
 
-def install(sio: Any) -> None:
+def guard_socket_events(sio: Any) -> None:
     """Wrap each of Chainlit's socket handlers once: checked arguments, fixed error texts.
 
     Before: a malformed frame reached Chainlit's handlers, which answered with the raw
@@ -471,13 +506,246 @@ def _checked_answers(emit_call: Handler, sid: str) -> Handler:
     return checked
 
 
+# --- install: every patch, once per process, before Chainlit serves ---
+
+
+def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
+    """Apply every patch in this module; returns this process's uploads folder.
+
+    Safe to run again in one process: no patch wraps or replaces twice.
+    """
+    configure_chainlit(settings, public_url=public_url, auth_secret=auth_secret)
+    guard_socket_events(chainlit.server.sio)
+    folder = relocate_files(settings.data_dir / "files")
+    space_out_steps()
+    # Chainlit's thread routes call the name imported into chainlit.server.
+    chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignment]
+    guard_output()
+    return folder
+
+
+# --- settings: Cairn's Settings, where Chainlit reads them ---
+
+
+def serving_port() -> int:
+    """The port `chainlit run` serves on (its --port option lands in Chainlit's config)."""
+    return int(chainlit_config.run.port)
+
+
+def configure_chainlit(settings: Settings, *, public_url: str, auth_secret: str) -> None:
+    """Cairn's Settings are the one source; Chainlit's config.toml cannot loosen them.
+
+    Chainlit reads the session-signing secret (auth/jwt.py `get_jwt_secret`) and the public
+    address of OAuth redirects (server.py `get_user_facing_url`) from the environment at each
+    use, and the rest from `chainlit.config.config`, whose lists its middleware already holds.
+    """
+    os.environ["CHAINLIT_AUTH_SECRET"] = auth_secret
+    os.environ["CHAINLIT_URL"] = public_url
+    project = chainlit_config.project
+    # Mutated in place: Chainlit's CORS middleware holds this very list.
+    project.allow_origins[:] = settings.origins(serving_port())
+    project.user_session_timeout = settings.session_hours * 3600
+    upload = chainlit_config.features.spontaneous_file_upload
+    if upload is not None:
+        upload.accept = list(settings.upload_mime_types)
+        upload.max_size_mb = settings.max_upload_mb
+
+
+def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:
+    """Chainlit ends its routes with a catch-all GET (server.py `serve`, the UI's HTML);
+    routes added later must go in front of it or they are never reached."""
+    before = len(app.router.routes)
+    app.include_router(router)
+    added = app.router.routes[before:]
+    del app.router.routes[before:]
+    app.router.routes[0:0] = added
+
+
+# --- clock: Chainlit's sleep in every Step and Message, only when needed ---
+
+
+class SpacedClock:
+    """Stands in for the `time` module inside chainlit.step and chainlit.message.
+
+    Chainlit sleeps 1 ms in every `Step()` and `Message()` (step.py `Step.__init__`,
+    message.py `Message.__init__`) so that consecutive ones get distinct millisecond
+    timestamps (conversations are ordered by them when reopened). That is a blocking sleep on
+    the event loop: every step of every user stalls all sessions for a millisecond. This keeps
+    the guarantee (at least `seconds` between two constructions) and only waits when the
+    previous construction was less than that long ago, which a turn's steps, tens of
+    milliseconds apart, never are.
+    """
+
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._monotonic = monotonic
+        self._wait = wait
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            now = self._monotonic()
+            remaining = self._last + seconds - now
+            if remaining > 0:
+                self._wait(remaining)
+                now += remaining
+            self._last = now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def space_out_steps() -> None:
+    """One SpacedClock for both modules, so a Step and a Message are spaced too."""
+    clock = SpacedClock()
+    for name in ("chainlit.step", "chainlit.message"):
+        # importlib: `chainlit.step` as an attribute is the @step decorator, not the module.
+        module = importlib.import_module(name)
+        assert module.time is time or isinstance(module.time, SpacedClock), name
+        module.time = clock  # type: ignore[attr-defined]
+
+
+# --- thread ACL: unknown and foreign threads look alike ---
+
+
+async def require_thread_author(username: str, thread_id: str) -> bool:
+    """Replaces chainlit.data.acl.is_thread_author on every Chainlit thread route.
+
+    Chainlit answers 404 for an unknown thread and 401 for someone else's, which tells an
+    attacker which ids exist; here both are the same 404, and the foreign one is logged.
+    """
+    data_layer = get_data_layer()
+    author = await data_layer.get_thread_author(thread_id) if data_layer else ""
+    if not author or author != username:
+        if author:
+            log.warning("refused: %s asked for thread %s of another user", username, thread_id)
+        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    return True
+
+
+# --- output: model text reaches the browser only sanitised (policy in ui/output_guard.py) ---
+
+CHAINLIT_TASK_CONTENT = chainlit.element.TaskList.preprocess_content
+"""Chainlit's own, which the sanitised one runs after cleaning the titles."""
+
+
+def guard_output() -> None:
+    """Chainlit's emitter and task list, replaced by sanitising ones.
+
+    Chainlit builds `chainlit.emitter.ChainlitEmitter(session)` for every event, looking the
+    name up in that module each time (context.py `ChainlitContext.__init__`); a task list's
+    titles leave in `TaskList.preprocess_content`. Raw HTML in Markdown stays off for good,
+    whatever config.toml says.
+    """
+    chainlit_config.features.unsafe_allow_html = False
+    chainlit.emitter.ChainlitEmitter = SanitisingEmitter  # type: ignore[misc]
+    chainlit.element.TaskList.preprocess_content = _sanitised_task_content  # type: ignore[method-assign]
+
+
+async def _sanitised_task_content(self: chainlit.element.TaskList) -> None:
+    for task in self.tasks:
+        task.title = sanitise_text(task.title)
+    await CHAINLIT_TASK_CONTENT(self)
+
+
+class SanitisingEmitter(ChainlitEmitter):
+    """Chainlit's emitter with model text sanitised on the way out, streamed tokens included."""
+
+    @property
+    def _streams(self) -> dict[str, StreamSanitiser]:
+        # Chainlit makes an emitter per event; a stream belongs to the session.
+        streams = getattr(self.session, "cairn_streams", None)
+        if streams is None:
+            streams = {}
+            self.session.cairn_streams = streams  # type: ignore[attr-defined]
+        return streams
+
+    def send_step(self, step_dict):  # type: ignore[no-untyped-def]
+        self._streams.pop(str(step_dict.get("id")), None)
+        return super().send_step(sanitise_step(step_dict))
+
+    def update_step(self, step_dict):  # type: ignore[no-untyped-def]
+        self._streams.pop(str(step_dict.get("id")), None)
+        return super().update_step(sanitise_step(step_dict))
+
+    def stream_start(self, step_dict):  # type: ignore[no-untyped-def]
+        stream = StreamSanitiser(policy_for(step_dict))
+        self._streams[str(step_dict.get("id"))] = stream
+        stream.feed(str(step_dict.get("output") or ""))
+        return super().stream_start({**step_dict, "output": stream.shown})
+
+    async def send_token(self, id: str, token: str, is_sequence=False, is_input=False):  # type: ignore[no-untyped-def]
+        stream = self._streams.get(id)
+        if stream is None:
+            # A stream this emitter never saw start: nothing of it is shown until its final send.
+            return None
+        out = stream.feed(token, replace=is_sequence)
+        if out is None:
+            return None
+        text, replace = out
+        return await super().send_token(id, text, is_sequence=replace, is_input=is_input)
+
+    def send_ask_user(self, step_dict, spec, raise_on_timeout=False):  # type: ignore[no-untyped-def]
+        return super().send_ask_user(sanitise_step(step_dict), spec, raise_on_timeout)
+
+
+# --- helpers for code that must reach Chainlit's internals ---
+
+
 @asynccontextmanager
 async def task_signals() -> AsyncIterator[None]:
-    """Show a run as busy, and idle again afterwards. Action callbacks run without Chainlit's
-    task signals, and an AskUserMessage (an Edit) ends the task early: without this the input
-    and the next question's buttons stay disabled. Checked against Chainlit 2.12.0."""
-    await cl_context.emitter.task_start()
+    """Show the run as busy, and idle again afterwards.
+
+    Chainlit sends `task_start`/`task_end` around `on_message` only (socket.py
+    `process_message`); action callbacks run without them, and an AskUserMessage ends the task
+    early (emitter.py `send_ask_user`): without this the input and the next buttons stay
+    disabled.
+    """
+    await chainlit_context.emitter.task_start()
     try:
         yield
     finally:
-        await cl_context.emitter.task_end()
+        await chainlit_context.emitter.task_end()
+
+
+async def disconnect_user_sockets(user_id: str) -> int:
+    """End this worker's live chat connections of the user; returns how many.
+
+    Chainlit keeps its sessions in session.py `ws_sessions_id` only (no public look-up by
+    user); other workers refuse the ended session at its next event.
+    """
+    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
+    ended = 0
+    for session in sessions:
+        if getattr(session.user, "identifier", None) == user_id:
+            await chainlit.server.sio.disconnect(session.socket_id)
+            ended += 1
+    return ended
+
+
+_ASSISTANT_STEP = (
+    'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+    '"endTime", "showInput", "isError") '
+    "SELECT %s, id, 'Cairn', 'assistant_message', %s, '{}', now(), now(), 'json', false "
+    'FROM "Thread" WHERE id = %s'
+)
+"""A reply step as ChainlitDataLayer.create_step stores one, for an existing thread only."""
+
+
+async def write_assistant_message(pool: Pool, thread_id: str, text: str) -> None:
+    """An assistant message in a conversation, written outside any chat session.
+
+    Chainlit's data layer records steps only inside a live chat session (data/utils.py
+    `queue_until_user_message`), so a reply produced elsewhere (the memory page answering a
+    paused confirmation) goes into its Step table directly and shows when the conversation
+    is reopened.
+    """
+    if not text:
+        return
+    async with pool.connection() as conn:
+        await conn.execute(_ASSISTANT_STEP, (str(uuid.uuid4()), text, thread_id))

@@ -9,17 +9,17 @@ header from an allowed origin; the session cookie is SameSite=Lax.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
-from chainlit.auth import clear_auth_cookie
+from chainlit.auth import clear_auth_cookie, get_current_user
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId, flag_client_identity
+from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
 from graphs.memory.manage import (
     MemoryNotFound,
@@ -31,11 +31,13 @@ from graphs.memory.manage import (
 )
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
+from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from auth.local_accounts import LocalAccounts
     from graphs.core.persistence import Persistence, Pool
     from graphs.core.settings import Settings
     from graphs.memory.jobs import MemoryJobs
@@ -54,6 +56,9 @@ class AppRuntime(Protocol):
 
     @property
     def public_url(self) -> str: ...
+
+    @property
+    def accounts(self) -> LocalAccounts | None: ...
 
     @property
     def persistence(self) -> Persistence | None: ...
@@ -81,6 +86,29 @@ WIPE_PHRASE = "delete my data"
 PAUSED = "paused"
 SAVED = "saved"
 
+CATEGORY_LABELS: dict[str, str] = {
+    "profile": "Profile",
+    "preference": "Preferences",
+    "fact": "Facts",
+    "relationship": "Relationships",
+    "work": "Work",
+    "health": "Health (sensitive)",
+    "religion": "Religion (sensitive)",
+    "politics": "Politics (sensitive)",
+    "sexuality": "Sexuality (sensitive)",
+    "finance_sensitive": "Finance (sensitive)",
+    "other": "Other",
+}
+"""What the page calls each category of graphs/memory/policy.py (a test keeps them in step)."""
+
+NO_NAME = "Your account"
+"""Shown when the login carried no name: never the raw account id."""
+
+
+def category_label(key: str) -> str:
+    """The page's name for a category key; a key the policy does not know reads as "Other"."""
+    return CATEGORY_LABELS.get(key, CATEGORY_LABELS["other"])
+
 
 _runtime_source: Callable[[], AppRuntime] | None = None
 """Set by build_router: the worker's runtime, once it has started."""
@@ -96,6 +124,22 @@ def _runtime() -> AppRuntime:
 
 
 Runtime = Annotated["AppRuntime", Depends(_runtime)]
+
+
+async def display_name(
+    user: Annotated[Any, Depends(get_current_user)], user_id: CurrentUserId, runtime: Runtime
+) -> str:
+    """The signed-in user's name, from the verified session: the name the login provider
+    gave (kept in the signed session token), else the bundled login's account name."""
+    name = str(getattr(user, "display_name", None) or "").strip()
+    provider, _, subject = user_id.partition(":")
+    if not name and provider == LOCAL_PROVIDER_ID and runtime.accounts is not None:
+        account = await runtime.accounts.get_by_subject(subject)
+        name = (account.display_name or account.username) if account else ""
+    return name[:100] or NO_NAME
+
+
+DisplayName = Annotated[str, Depends(display_name)]
 
 
 def _not_found(what: str, user_id: str, ident: str) -> HTTPException:
@@ -154,7 +198,9 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
         return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
 
     @router.get("/api/memory")
-    async def overview(user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+    async def overview(
+        user_id: CurrentUserId, name: DisplayName, runtime: Runtime
+    ) -> dict[str, Any]:
         memory = _memory(runtime, user_id)
         settings = await memory.settings()
         conversations = await _conversations(runtime, user_id)
@@ -162,6 +208,8 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
         memories = sorted(await memory.all_memories(), key=lambda m: (m.category, m.content))
         return {
             "user": user_id,
+            "display_name": name,
+            "category_labels": CATEGORY_LABELS,
             "settings": {
                 "enabled": settings.enabled,
                 "opted_in": sorted(settings.opted_in),
@@ -282,7 +330,7 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
         if body.confirm.strip().lower() != WIPE_PHRASE:
             raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
         report = await runtime.privacy.wipe_account(user_id)
-        await _disconnect_sockets(user_id)
+        await disconnect_user_sockets(user_id)
         clear_auth_cookie(request, response)
         return {
             "wipe_id": report.wipe_id,
@@ -305,6 +353,7 @@ def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
         "key": m.key,
         "content": m.content,
         "category": m.category,
+        "category_label": category_label(m.category),
         "updated_at": m.updated_at,
         "confidence": m.confidence,
         "edited_at": (m.source.get("edited") or {}).get("at"),
@@ -361,6 +410,7 @@ async def _suggestions(
                         "id": f"{PAUSED}:{thread_id}:{interrupt.id}",
                         "content": str(value.get("content", "")),
                         "category": str(value.get("category", "")),
+                        "category_label": category_label(str(value.get("category", ""))),
                         "thread_id": thread_id,
                         "conversation": names.get(thread_id),
                     }
@@ -372,6 +422,7 @@ async def _suggestions(
                 "id": f"{SAVED}:{suggestion.get('key')}",
                 "content": str(suggestion.get("content", "")),
                 "category": str(suggestion.get("category", "")),
+                "category_label": category_label(str(suggestion.get("category", ""))),
                 "thread_id": source_thread,
                 "conversation": names.get(source_thread) if source_thread else None,
             }
@@ -403,39 +454,9 @@ async def _resume_paused(
     if outcome.status not in ("done", "paused"):
         raise HTTPException(status_code=503, detail=surface.errors[-1] if surface.errors else "")
     reply = outcome.reply or ""
-    await _add_reply_to_conversation(runtime, thread_id, reply)
+    await write_assistant_message(runtime.pool, thread_id, reply)
     wanted = normalise_fact(str(asked.get("content", "")))
     stored = any(
         normalise_fact(m.content) == wanted for m in await _memory(runtime, user_id).all_memories()
     )
     return {"stored": stored, "reply": reply}
-
-
-async def _add_reply_to_conversation(runtime: AppRuntime, thread_id: str, text: str) -> None:
-    """The resumed run's answer also appears in the conversation when it is reopened.
-
-    Written to Chainlit's step table directly: its data layer only records steps inside a
-    live chat session, and this answer came from the page.
-    """
-    if not text:
-        return
-    async with runtime.pool.connection() as conn:
-        await conn.execute(
-            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
-            '"endTime", "showInput", "isError") '
-            "SELECT %s, id, 'Cairn', 'assistant_message', %s, '{}', now(), now(), 'json', false "
-            'FROM "Thread" WHERE id = %s',
-            (str(uuid.uuid4()), text, thread_id),
-        )
-
-
-async def _disconnect_sockets(user_id: str) -> None:
-    """End this worker's live chat connections of the user (other workers refuse the
-    ended session at its next event)."""
-    from chainlit.server import sio
-    from chainlit.session import WebsocketSession, ws_sessions_id
-
-    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
-    for session in sessions:
-        if getattr(session.user, "identifier", None) == user_id:
-            await sio.disconnect(session.socket_id)

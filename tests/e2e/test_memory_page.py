@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.conftest import login, wait_until_connected
 from tests.e2e.test_memory import THREAD_URL, send, stored_memories, wait_for
+from ui.memory_page import CATEGORY_LABELS
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +24,7 @@ def rows(database_url: str, sql: str, *args: object) -> list[tuple]:
 
 def open_memory_page(page, server) -> None:
     page.goto(f"{server.url}/memory")
-    page.locator("#who").filter(has_text="alice").or_(page.locator("#who")).wait_for()
+    expect(page.locator("#who")).not_to_be_empty()
     page.locator("#memories").wait_for()
 
 
@@ -47,6 +48,17 @@ def test_see_edit_and_delete_memories_with_provenance(app_server, browser):
     page.wait_for_url(f"{app_server.url}/memory")
     row = page.locator("li.memory", has_text="User is vegetarian")
     expect(row).to_be_visible()
+    # The header names the user as they signed in, never by their account id.
+    expect(page.locator("#who")).to_have_text("alice")
+    # Categories read as words: the group headings, the filter and the opt-in boxes.
+    headings = page.locator("#memories h3").all_inner_texts()
+    assert headings
+    assert set(headings) <= set(CATEGORY_LABELS.values()), headings
+    options = page.locator("#category-filter option").all_inner_texts()
+    assert options[0] == "All categories"
+    assert set(options[1:]) == set(headings), options
+    expect(page.locator("#opt-in")).to_contain_text("Finance (sensitive)")
+    expect(page.locator("#opt-in")).not_to_contain_text("finance")
     link = row.get_by_role("link")
     expect(link).to_have_attribute("href", f"/thread/{thread_id}")
 
@@ -147,8 +159,9 @@ def test_delete_all_my_data_ends_the_session_and_leaves_nothing(app_server, brow
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
 
     page.goto(f"{app_server.url}/memory")
-    expect(page.locator("#who")).not_to_be_empty()
-    user = page.locator("#who").inner_text()
+    expect(page.locator("#who")).to_have_text("bob")
+    user = httpx.get(f"{app_server.url}/api/memory", cookies=cookies).json()["user"]
+    assert user.startswith("cairn:")
     db = app_server.database_url
     assert rows(db, "SELECT 1 FROM cairn_threads WHERE owner_id = %s", user)
     page.locator("#wipe-confirm").fill("delete my data")

@@ -16,7 +16,8 @@ from fastapi import HTTPException
 
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
-from ui.data_layer import PostgresDataLayer, require_thread_author
+from ui.chainlit_patches import require_thread_author, write_assistant_message
+from ui.data_layer import PostgresDataLayer
 
 pytestmark = pytest.mark.integration
 
@@ -323,3 +324,28 @@ async def test_removing_a_message_reaches_only_the_sessions_conversation(
     assert await count(persistence, sql, hers["id"]) == 0
     sql = 'SELECT count(*) AS n FROM "Step" WHERE id = %s'
     assert await count(persistence, sql, hers["id"]) == 0
+
+
+async def test_a_reply_written_outside_a_chat_session_shows_when_the_thread_is_reopened(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    await layer.create_step(step(thread_id, "Remember that I have asthma"))
+
+    await write_assistant_message(persistence.pool, thread_id, "Noted: saved to memory.")
+    missing = str(uuid.uuid4())
+    await write_assistant_message(persistence.pool, missing, "Nowhere to go.")
+    await write_assistant_message(persistence.pool, thread_id, "")
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    shown = [(s["type"], s["output"]) for s in thread["steps"]]
+    assert shown == [
+        ("user_message", "Remember that I have asthma"),
+        ("assistant_message", "Noted: saved to memory."),
+    ]
+    assert (
+        await count(persistence, 'SELECT count(*) AS n FROM "Thread" WHERE id = %s', missing) == 0
+    )

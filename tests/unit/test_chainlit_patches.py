@@ -5,54 +5,173 @@ from __future__ import annotations
 import hashlib
 import inspect
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import chainlit
+import chainlit.auth.jwt
 import chainlit.config
+import chainlit.data.acl
+import chainlit.data.utils
 import chainlit.server
 import chainlit.socket
 import pytest
-from chainlit.emitter import ChainlitEmitter
+from chainlit.context import ChainlitContext
+from chainlit.data.chainlit_data_layer import ChainlitDataLayer
+from chainlit.message import Message
 from chainlit.session import BaseSession, WebsocketSession
+from chainlit.step import Step
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
 from ui import chainlit_patches
-from ui.chainlit_patches import MALFORMED, SOCKET_EVENTS, check_ask_answer, is_session_id
+from ui.chainlit_patches import (
+    MALFORMED,
+    SOCKET_EVENTS,
+    SanitisingEmitter,
+    check_ask_answer,
+    is_session_id,
+)
 from ui.request_guard import RULES
 
-CHECKED_SOURCE = {
-    "socket.connect": (chainlit.socket.connect, "00ce35b669efa6f8"),
-    "socket.process_message": (chainlit.socket.process_message, "7002f6fd6cadca2f"),
-    "session.files_dir": (BaseSession.files_dir.fget, "97c55ce5b37ab2b8"),
-    "session.WebsocketSession.delete": (WebsocketSession.delete, "b6a06e7409d9fdba"),
-    "server.lifespan": (chainlit.server.lifespan, "7622975e70facb8a"),
-    "emitter.send_ask_user": (ChainlitEmitter.send_ask_user, "405cea5c280aed1d"),
-    "emitter.process_message": (ChainlitEmitter.process_message, "ffb867621e1b52c8"),
-    "server.call_action": (chainlit.server.call_action, "1db36f6a1d296df1"),
-    "server.upload_file": (chainlit.server.upload_file, "0e1d81cae2398ee8"),
-    "server.get_file": (chainlit.server.get_file, "087b45142fefe873"),
-    "server.update_feedback": (chainlit.server.update_feedback, "1ca022629ec82755"),
-    "server.delete_feedback": (chainlit.server.delete_feedback, "d918421add44e2f7"),
-    "server.set_session_cookie": (chainlit.server.set_session_cookie, "0b26b9f18f536f6c"),
-    "server.share_thread": (chainlit.server.share_thread, "5c89b2441303a185"),
-    "server.delete_thread_element": (chainlit.server.delete_thread_element, "e6acea6dfecfa4d8"),
-    "server.update_thread_element": (chainlit.server.update_thread_element, "9683b313b3741b17"),
+SOCKETS = "the socket guards (guard_socket_events) in ui/chainlit_patches.py"
+UPLOADS = "relocate_files in ui/chainlit_patches.py"
+ROUTES = "the route rules in ui/request_guard.py"
+SETTINGS = "configure_chainlit in ui/chainlit_patches.py"
+CLOCK = "SpacedClock / space_out_steps in ui/chainlit_patches.py"
+ACL = "require_thread_author in ui/chainlit_patches.py"
+OUTPUT = "guard_output / SanitisingEmitter in ui/chainlit_patches.py"
+HELPERS = "the helper named in ui/chainlit_patches.py"
+DATA_LAYER = "the copy of it in ui/data_layer.py (PostgresDataLayer)"
+
+# Chainlit's emitter as it ships (chainlit.emitter.ChainlitEmitter is ours once installed).
+_Emitter = SanitisingEmitter.__bases__[0]
+
+CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
+    "socket.connect": (chainlit.socket.connect, "00ce35b669efa6f8", SOCKETS),
+    "socket.process_message": (chainlit.socket.process_message, "7002f6fd6cadca2f", SOCKETS),
+    "emitter.process_message": (_Emitter.process_message, "ffb867621e1b52c8", SOCKETS),
+    "emitter.send_ask_user": (
+        _Emitter.send_ask_user,
+        "405cea5c280aed1d",
+        SOCKETS + ", task_signals",
+    ),
+    "session.files_dir": (BaseSession.files_dir.fget, "97c55ce5b37ab2b8", UPLOADS),
+    "session.WebsocketSession.delete": (WebsocketSession.delete, "b6a06e7409d9fdba", UPLOADS),
+    "server.lifespan": (chainlit.server.lifespan, "7622975e70facb8a", UPLOADS),
+    "server.call_action": (chainlit.server.call_action, "1db36f6a1d296df1", ROUTES),
+    "server.upload_file": (chainlit.server.upload_file, "0e1d81cae2398ee8", ROUTES),
+    "server.get_file": (chainlit.server.get_file, "087b45142fefe873", ROUTES),
+    "server.update_feedback": (chainlit.server.update_feedback, "1ca022629ec82755", ROUTES),
+    "server.delete_feedback": (chainlit.server.delete_feedback, "d918421add44e2f7", ROUTES),
+    "server.set_session_cookie": (chainlit.server.set_session_cookie, "0b26b9f18f536f6c", ROUTES),
+    "server.share_thread": (chainlit.server.share_thread, "5c89b2441303a185", ROUTES),
+    "server.delete_thread_element": (
+        chainlit.server.delete_thread_element,
+        "e6acea6dfecfa4d8",
+        ROUTES,
+    ),
+    "server.update_thread_element": (
+        chainlit.server.update_thread_element,
+        "9683b313b3741b17",
+        ROUTES,
+    ),
+    "auth.jwt.get_jwt_secret": (chainlit.auth.jwt.get_jwt_secret, "28793c0c2967bfc8", SETTINGS),
+    "server.get_user_facing_url": (
+        chainlit.server.get_user_facing_url,
+        "94fc4ff9015031c8",
+        SETTINGS,
+    ),
+    "server.serve": (chainlit.server.serve, "45a04359a4ae33b0", "mount_before_catch_all"),
+    "step.Step.__init__": (Step.__init__, "7ca45b864880c2c5", CLOCK),
+    "message.Message.__init__": (Message.__init__, "c6a39c3ae85d8df3", CLOCK),
+    "data.acl.is_thread_author": (chainlit.data.acl.is_thread_author, "522c3ed9c195fc54", ACL),
+    "context.ChainlitContext.__init__": (ChainlitContext.__init__, "db4773091d52bf7c", OUTPUT),
+    "emitter.send_step": (_Emitter.send_step, "0e6ea166c8cd61d8", OUTPUT),
+    "emitter.update_step": (_Emitter.update_step, "9f1d88f4d70d73ef", OUTPUT),
+    "emitter.stream_start": (_Emitter.stream_start, "57cc98ddf3106063", OUTPUT),
+    "emitter.send_token": (_Emitter.send_token, "2783e8a7947f8c6b", OUTPUT),
+    "element.TaskList.preprocess_content": (
+        chainlit_patches.CHAINLIT_TASK_CONTENT,
+        "ca9e5fd7b52bbbaf",
+        OUTPUT,
+    ),
+    "emitter.task_start": (_Emitter.task_start, "8ef945646a14e8be", "task_signals"),
+    "emitter.task_end": (_Emitter.task_end, "bfb2c3a2969eccff", "task_signals"),
+    "session.WebsocketSession.__init__": (
+        WebsocketSession.__init__,
+        "497d8ea08531b384",
+        "disconnect_user_sockets",
+    ),
+    "data.utils.queue_until_user_message": (
+        chainlit.data.utils.queue_until_user_message,
+        "c5da8ad58a521aa7",
+        "write_assistant_message, " + DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.create_step": (
+        ChainlitDataLayer.create_step,
+        "f3794927dffc7ddb",
+        "write_assistant_message, " + DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.delete_step": (
+        ChainlitDataLayer.delete_step,
+        "871d76ad60d04a90",
+        DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.update_thread": (
+        ChainlitDataLayer.update_thread,
+        "00154d047c1e7f26",
+        DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.get_thread_author": (
+        ChainlitDataLayer.get_thread_author,
+        "d8fc90def8c0ed72",
+        DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.get_thread": (
+        ChainlitDataLayer.get_thread,
+        "4f41f49c86cbf01f",
+        DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.delete_thread": (
+        ChainlitDataLayer.delete_thread,
+        "2e50738dd0c43185",
+        DATA_LAYER,
+    ),
+    "data.ChainlitDataLayer.execute_query": (
+        ChainlitDataLayer.execute_query,
+        "071081a3100fe41a",
+        DATA_LAYER,
+    ),
 }
-"""The Chainlit code ui/chainlit_patches.py and ui/request_guard.py guard, as of 2.12.0."""
+"""The Chainlit code Cairn patches, copies or relies on, as of 2.12.0, and the patch to re-check."""
+
+
+def source_digest(function: Callable[..., Any]) -> str:
+    source = inspect.getsource(inspect.unwrap(function))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def test_chainlit_is_the_version_the_patches_were_checked_against():
-    assert chainlit.__version__ == chainlit_patches.CHAINLIT_VERSION
+    assert chainlit.__version__ == chainlit_patches.CHAINLIT_VERSION, (
+        "Chainlit was upgraded: re-check every patch in ui/chainlit_patches.py, then update "
+        "CHAINLIT_VERSION and the digests in this test"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CHECKED_SOURCE))
-def test_the_guarded_chainlit_code_is_unchanged(name):
-    function, digest = CHECKED_SOURCE[name]
-    source = inspect.getsource(inspect.unwrap(function))
-    assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, (
-        f"Chainlit changed {name}: re-check ui/chainlit_patches.py / ui/request_guard.py"
+def test_the_patched_chainlit_code_is_unchanged(name):
+    function, digest, patch = CHECKED_SOURCE[name]
+    assert source_digest(function) == digest, (
+        f"Chainlit changed {name}: re-check {patch}, then update its digest here"
     )
+
+
+def test_a_changed_chainlit_function_fails_the_check():
+    def serve(request):  # the same name as Chainlit's catch-all, another body
+        return None
+
+    assert source_digest(serve) != CHECKED_SOURCE["server.serve"][1]
 
 
 def test_every_socket_event_chainlit_registers_has_a_check():
@@ -115,7 +234,7 @@ def test_a_browser_session_id_is_one():
 @pytest.mark.parametrize("session_id", HOSTILE)
 async def test_connect_refuses_a_hostile_session_id_before_chainlit(session_id):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     auth = {"sessionId": session_id, "clientType": "webapp", "threadId": ""}
     with pytest.raises(SocketRefused):
         await sio.handlers["/"]["connect"]("sid", {}, auth)
@@ -195,7 +314,7 @@ JUNK_MESSAGES = [
 @pytest.mark.parametrize("payload", JUNK_MESSAGES)
 async def test_a_malformed_client_message_never_reaches_chainlit(payload):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == []
     assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
@@ -203,7 +322,7 @@ async def test_a_malformed_client_message_never_reaches_chainlit(payload):
 
 async def test_a_browser_message_reaches_chainlit():
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     payload = {"message": _step(), "fileReferences": [{"id": "f"}]}
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == [("client_message", ("sid", payload))]
@@ -212,7 +331,7 @@ async def test_a_browser_message_reaches_chainlit():
 @pytest.mark.parametrize("event", ["edit_message", "message_favorite", "audio_chunk"])
 async def test_events_of_features_turned_off_are_refused(event):
     sio = _FakeSio()
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"][event]("sid", {"message": {"id": "x", "output": "y"}})
     assert sio.calls == []
 
@@ -224,7 +343,7 @@ async def test_a_handler_failure_shows_a_fixed_text():
         raise KeyError("id")
 
     sio.handlers["/"]["stop"] = broken
-    chainlit_patches.install(sio)
+    chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"]["stop"]("sid")
     assert sio.emitted == [("toast", {"message": chainlit_patches.FAILED, "type": "error"})]
 
@@ -256,3 +375,143 @@ def test_good_ask_answers_pass():
 def test_the_patched_names_exist(tmp_path: Path):
     assert isinstance(chainlit.config.FILES_DIRECTORY, Path)
     assert isinstance(chainlit.server.FILES_DIRECTORY, Path)  # type: ignore[attr-defined]
+
+
+def test_chainlits_cors_middleware_holds_the_list_the_settings_fill():
+    cors = [m for m in chainlit.server.app.user_middleware if m.cls.__name__ == "CORSMiddleware"]
+    assert len(cors) == 1
+    assert cors[0].kwargs["allow_origins"] is chainlit.config.config.project.allow_origins
+
+
+@pytest.fixture
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Every global install() touches, put back after the test."""
+    import importlib
+
+    config = chainlit.config.config
+    for module, name in [
+        (chainlit.config, "FILES_DIRECTORY"),
+        (chainlit.server, "FILES_DIRECTORY"),
+        (chainlit.server, "is_thread_author"),
+        (chainlit.emitter, "ChainlitEmitter"),
+        (chainlit.element.TaskList, "preprocess_content"),
+        (importlib.import_module("chainlit.step"), "time"),
+        (importlib.import_module("chainlit.message"), "time"),
+        (config.project, "user_session_timeout"),
+        (config.features, "unsafe_allow_html"),
+    ]:
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setitem(chainlit.server.sio.handlers, "/", dict(chainlit.server.sio.handlers["/"]))
+    origins = list(config.project.allow_origins)
+    monkeypatch.setenv("CHAINLIT_AUTH_SECRET", "before")
+    monkeypatch.setenv("CHAINLIT_URL", "before")
+    upload = config.features.spontaneous_file_upload
+    if upload is not None:
+        monkeypatch.setattr(upload, "accept", upload.accept)
+        monkeypatch.setattr(upload, "max_size_mb", upload.max_size_mb)
+    yield monkeypatch
+    config.project.allow_origins[:] = origins
+
+
+def test_install_applies_every_patch(restored: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib
+    import os
+
+    import chainlit.element
+    import chainlit.emitter
+
+    from graphs.core.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, session_hours=3, max_upload_mb=7)
+    chainlit.config.config.features.unsafe_allow_html = True
+    for _ in range(2):
+        folder = chainlit_patches.install(
+            settings=settings, public_url="http://cairn.test", auth_secret="s" * 40
+        )
+
+    config = chainlit.config.config
+    assert os.environ["CHAINLIT_AUTH_SECRET"] == "s" * 40
+    assert os.environ["CHAINLIT_URL"] == "http://cairn.test"
+    assert config.project.allow_origins == settings.origins(chainlit_patches.serving_port())
+    assert config.project.user_session_timeout == 3 * 3600
+    assert config.features.unsafe_allow_html is False
+    handlers = chainlit.server.sio.handlers["/"]
+    assert all(getattr(h, "cairn_guarded", False) for h in handlers.values())
+    # Installed twice, wrapped once.
+    assert not getattr(inspect.unwrap(handlers["stop"]), "cairn_guarded", False)
+    assert handlers["stop"].__wrapped__ is inspect.unwrap(handlers["stop"])
+    assert folder.parent == tmp_path / "files"
+    assert folder == chainlit.server.FILES_DIRECTORY  # type: ignore[attr-defined]
+    for name in ("chainlit.step", "chainlit.message"):
+        assert isinstance(importlib.import_module(name).time, chainlit_patches.SpacedClock)
+    assert chainlit.server.is_thread_author is chainlit_patches.require_thread_author
+    assert chainlit.emitter.ChainlitEmitter is SanitisingEmitter
+    assert chainlit.element.TaskList.preprocess_content is not (
+        chainlit_patches.CHAINLIT_TASK_CONTENT
+    )
+
+
+def test_routes_mounted_later_are_reached_before_the_catch_all() -> None:
+    from fastapi import APIRouter, FastAPI
+    from fastapi.testclient import TestClient
+
+    app = FastAPI()
+
+    @app.get("/{full_path:path}")
+    async def serve(full_path: str) -> str:
+        return "chainlit ui"
+
+    router = APIRouter()
+
+    @router.get("/memory")
+    async def memory() -> str:
+        return "memory page"
+
+    chainlit_patches.mount_before_catch_all(app, router)
+    client = TestClient(app)
+    assert client.get("/memory").json() == "memory page"
+    assert client.get("/elsewhere").json() == "chainlit ui"
+
+
+async def test_only_the_users_own_sockets_are_disconnected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chainlit.session import ws_sessions_id
+    from chainlit.user import User
+
+    ended: list[str] = []
+
+    async def disconnect(socket_id: str) -> None:
+        ended.append(socket_id)
+
+    monkeypatch.setattr(chainlit.server.sio, "disconnect", disconnect)
+    for socket_id, who in [("s1", "cairn:alice"), ("s2", "cairn:bob"), ("s3", "cairn:alice")]:
+        session = object.__new__(WebsocketSession)
+        session.socket_id = socket_id
+        session.user = User(identifier=who)
+        monkeypatch.setitem(ws_sessions_id, str(uuid.uuid4()), session)
+    assert await chainlit_patches.disconnect_user_sockets("cairn:alice") == 2
+    assert sorted(ended) == ["s1", "s3"]
+
+
+async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails() -> None:
+    from chainlit.context import init_http_context
+
+    signals: list[str] = []
+
+    class Emitter:
+        async def task_start(self) -> None:
+            signals.append("busy")
+
+        async def task_end(self) -> None:
+            signals.append("idle")
+
+    async def failing_run() -> None:
+        async with chainlit_patches.task_signals():
+            signals.append("run")
+            raise RuntimeError
+
+    init_http_context().emitter = Emitter()  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        await failing_run()
+    assert signals == ["busy", "run", "idle"]

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from ui import output_guard
-from ui.output_guard import TRUSTED_LINKS_KEY, SanitisingEmitter, sanitise_step
+from ui import chainlit_patches, output_guard
+from ui.chainlit_patches import SanitisingEmitter
+from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_step
 
 EVIL = "http://127.0.0.1:9999/c?d=secret"
 
@@ -23,6 +24,7 @@ class _Session:
 @pytest.fixture(autouse=True)
 def _policy() -> None:
     output_guard.configure(public_url="http://localhost:8000", image_origins=[])
+    chainlit_patches.guard_output()
 
 
 def _step(output: str, **extra: Any) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def test_raw_html_stays_off_in_chainlit() -> None:
     from chainlit.config import config
 
     config.features.unsafe_allow_html = True
-    output_guard.configure(public_url="http://localhost:8000", image_origins=[])
+    chainlit_patches.guard_output()
     assert config.features.unsafe_allow_html is False
 
 
