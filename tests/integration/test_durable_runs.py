@@ -51,8 +51,9 @@ class SlowModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "slow-offline"
 
-    def _generate(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - async only
-        raise NotImplementedError
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):
+        time.sleep(self.delay_s)
+        return self.inner._generate(messages, stop=stop, run_manager=run_manager, **kw)
 
     async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):
         await asyncio.sleep(self.delay_s)
