@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -125,6 +126,48 @@ class LocalMiniLM(Embeddings):
         await asyncio.to_thread(self._load)
 
 
+class EmbeddingDimsMismatch(ValueError):
+    """An embeddings server returned vectors of another length than the configured dimensions."""
+
+
+class CheckedEmbeddings(Embeddings):
+    """A remote embeddings endpoint whose every vector is checked against the recorded dims.
+
+    Without the check a server configured for another size would fail deep inside Postgres
+    ("expected 1536 dimensions, not 768") on the first memory write, or, for a query, only at
+    the first recall. Vectors come back as `Vector`, sent to Postgres in pgvector's binary form.
+    """
+
+    def __init__(self, inner: Embeddings, *, name: str, dims: int) -> None:
+        self.inner = inner
+        self.name = name
+        self.dims = dims
+
+    def _checked(self, vectors: list[list[float]]) -> list[list[float]]:
+        for vector in vectors:
+            if len(vector) != self.dims:
+                msg = (
+                    f"The embeddings server returned {len(vector)}-dimension vectors for "
+                    f"{self.name}, but {self.dims} dimensions are configured "
+                    "(CAIRN_EMBEDDING_DIMS) and recorded in the database. Set the dimensions "
+                    "the model produces, or ask the server for that size."
+                )
+                raise EmbeddingDimsMismatch(msg)
+        return [Vector(vector) for vector in vectors]
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self._checked(self.inner.embed_documents(texts))
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._checked([self.inner.embed_query(text)])[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self._checked(await self.inner.aembed_documents(texts))
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return self._checked([await self.inner.aembed_query(text)])[0]
+
+
 @dataclass(frozen=True)
 class EmbeddingSpec:
     """What the store's vectors are made with; recorded in the database."""
@@ -134,24 +177,19 @@ class EmbeddingSpec:
     embeddings: Embeddings
 
 
+LOCAL_NAME = f"local:{LOCAL_MODEL_NAME}"
+OPENAI_PREFIX = "openai:"
+
+
 def build_embeddings(settings: Settings) -> EmbeddingSpec:
     if settings.embedding_provider == "openai":
-        from langchain_openai import OpenAIEmbeddings
+        return openai_embeddings(settings, settings.embedding_model, settings.embedding_dims)
+    return local_embeddings(settings)
 
-        if settings.openai_api_key is None:
-            msg = "CAIRN_EMBEDDING_PROVIDER=openai needs OPENAI_API_KEY"
-            raise ValueError(msg)
-        embeddings = OpenAIEmbeddings(
-            model=settings.embedding_model,
-            dimensions=settings.embedding_dims,
-            api_key=settings.openai_api_key,
-            base_url=settings.openai_base_url,
-        )
-        return EmbeddingSpec(
-            f"openai:{settings.embedding_model}", settings.embedding_dims, embeddings
-        )
+
+def local_embeddings(settings: Settings) -> EmbeddingSpec:
     return EmbeddingSpec(
-        f"local:{LOCAL_MODEL_NAME}",
+        LOCAL_NAME,
         LOCAL_MODEL_DIMS,
         LocalMiniLM(
             threads=settings.embedding_threads,
@@ -161,8 +199,80 @@ def build_embeddings(settings: Settings) -> EmbeddingSpec:
     )
 
 
-async def check_embedding_record(pool: Pool, spec: EmbeddingSpec) -> None:
-    """Record the embedding model on first start; refuse to start if it changed since."""
+def openai_embeddings(settings: Settings, model: str, dims: int) -> EmbeddingSpec:
+    """Any server speaking /v1/embeddings (OpenAI, vLLM, Ollama, llama.cpp, TEI ...)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    api_key = settings.embedding_api_key or settings.openai_api_key
+    if api_key is None:
+        msg = "CAIRN_EMBEDDING_PROVIDER=openai needs CAIRN_EMBEDDING_API_KEY or OPENAI_API_KEY"
+        raise ValueError(msg)
+    name = f"{OPENAI_PREFIX}{model}"
+    inner = OpenAIEmbeddings(
+        model=model,
+        dimensions=dims,
+        api_key=api_key,
+        base_url=settings.embedding_base_url or settings.openai_base_url,
+        # Plain strings, not tiktoken token ids: what every OpenAI-compatible server accepts,
+        # and tiktoken would download its vocabulary at the first call.
+        check_embedding_ctx_length=False,
+        max_retries=settings.model_max_retries,
+        timeout=settings.model_timeout_s,
+    )
+    return EmbeddingSpec(name, dims, CheckedEmbeddings(inner, name=name, dims=dims))
+
+
+def embeddings_named(name: str, dims: int, settings: Settings) -> EmbeddingSpec:
+    """The embeddings a recorded name stands for (the other index during a re-embedding)."""
+    if name == LOCAL_NAME and dims == LOCAL_MODEL_DIMS:
+        return local_embeddings(settings)
+    if name.startswith(OPENAI_PREFIX):
+        return openai_embeddings(settings, name.removeprefix(OPENAI_PREFIX), dims)
+    msg = f"no embedding model called {name!r} ({dims} dims) can be built from the settings"
+    raise EmbeddingModelChanged(msg)
+
+
+@dataclass(frozen=True)
+class VectorIndex:
+    """One vector index of the store: a table of vectors made by one embedding model."""
+
+    table: str
+    spec: EmbeddingSpec
+
+
+@dataclass(frozen=True)
+class VectorPlan:
+    """Which index the store reads (and writes), and the other one writes also go to, if any.
+
+    Without a re-embedding under way: the library's `store_vectors`, nothing else.
+    """
+
+    read: VectorIndex
+    mirror: VectorIndex | None = None
+
+
+DEFAULT_TABLE = "store_vectors"
+"""langgraph's own table: the index of the model recorded in cairn_meta."""
+
+
+def vectors_table_for(name: str, dims: int) -> str:
+    """The table of a re-embedding's new index, keyed by its model (a valid SQL identifier)."""
+    digest = hashlib.sha256(f"{name}\n{dims}".encode()).hexdigest()[:12]
+    return f"{DEFAULT_TABLE}_{digest}"
+
+
+async def check_embedding_record(
+    pool: Pool,
+    spec: EmbeddingSpec,
+    *,
+    other: Callable[[str, int], EmbeddingSpec] | None = None,
+) -> VectorPlan:
+    """Record the embedding model on first start; refuse to start if it changed since.
+
+    During a re-embedding (graphs.memory.reembed) the record names the new model too: the
+    store then writes both indexes, and reads the new one once the configured model is the
+    new one and it passed the recall eval. `other` builds the other model's embeddings.
+    """
     record = {"name": spec.name, "dims": spec.dims}
     async with pool.connection() as conn:
         cur = await conn.execute(
@@ -172,15 +282,41 @@ async def check_embedding_record(pool: Pool, spec: EmbeddingSpec) -> None:
         )
         cur = await conn.execute("SELECT value FROM cairn_meta WHERE key = 'embedding'")
         row = await cur.fetchone()
-    stored = row["value"] if row else record
-    if stored != record:
-        msg = (
-            f"The store's vectors were made with {stored['name']} ({stored['dims']} dims) but "
-            f"the configured embedding model is {spec.name} ({spec.dims} dims). Vectors from "
-            "different models are not comparable: switch the setting back, or re-embed the "
-            "store before starting with the new model."
-        )
+    stored: dict[str, Any] = dict(row["value"]) if row else record
+    current = {"name": stored["name"], "dims": stored["dims"]}
+    following: dict[str, Any] | None = stored.get("next")
+    if current == record:
+        if following is None:
+            return VectorPlan(VectorIndex(DEFAULT_TABLE, spec))
+        new = _other(other, following)
+        return VectorPlan(VectorIndex(DEFAULT_TABLE, spec), VectorIndex(following["table"], new))
+    if following is not None and {"name": following["name"], "dims": following["dims"]} == record:
+        if not following.get("ready"):
+            msg = (
+                f"The store is being re-embedded from {stored['name']} to {spec.name}, but the "
+                "new index is not ready (backfill unfinished, or its recall eval scored below "
+                "the current model's). Start with the current model, and finish it with "
+                "`python -m graphs.memory.reembed run` (see `... status`)."
+            )
+            raise EmbeddingModelChanged(msg)
+        old = _other(other, current)
+        return VectorPlan(VectorIndex(following["table"], spec), VectorIndex(DEFAULT_TABLE, old))
+    msg = (
+        f"The store's vectors were made with {stored['name']} ({stored['dims']} dims) but "
+        f"the configured embedding model is {spec.name} ({spec.dims} dims). Vectors from "
+        "different models are not comparable: switch the setting back, or re-embed the "
+        "store first (`python -m graphs.memory.reembed run ...`, see the README)."
+    )
+    raise EmbeddingModelChanged(msg)
+
+
+def _other(
+    build: Callable[[str, int], EmbeddingSpec] | None, record: dict[str, Any]
+) -> EmbeddingSpec:
+    if build is None:
+        msg = f"a re-embedding to {record['name']} is under way: its embeddings are needed"
         raise EmbeddingModelChanged(msg)
+    return build(str(record["name"]), int(record["dims"]))
 
 
 def _json(value: object) -> str:

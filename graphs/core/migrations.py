@@ -373,6 +373,28 @@ END
 $$;
 """  # noqa: S608 (built from constants only)
 
+# Re-embedding the store with another model (graphs.memory.reembed): one row per target model,
+# its progress checkpointed after every batch so the backfill can stop and resume. The new
+# index's vectors table itself is made by the command (its dimension is the new model's).
+REEMBED_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_reembed (
+    target text PRIMARY KEY,
+    dims integer NOT NULL,
+    source jsonb NOT NULL,
+    vectors_table text NOT NULL,
+    state text NOT NULL DEFAULT 'copying',
+    cursor_prefix text,
+    cursor_key text,
+    total bigint NOT NULL DEFAULT 0,
+    copied bigint NOT NULL DEFAULT 0,
+    skipped bigint NOT NULL DEFAULT 0,
+    caught_up bigint NOT NULL DEFAULT 0,
+    eval jsonb,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -384,6 +406,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0007_research_fetch_log", FETCH_LOG_SQL),
     Migration("0008_runs", RUNS_SQL),
     Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
+    Migration("0101_embedding_reembed", REEMBED_SQL),
 )
 
 

@@ -7,9 +7,10 @@ import logging
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +25,10 @@ from psycopg.rows import DictRow, dict_row
 from graphs.core.embeddings import (
     EmbeddingSpec,
     Vector,
+    VectorPlan,
     build_embeddings,
     check_embedding_record,
+    embeddings_named,
 )
 from graphs.core.migrations import migrate
 from graphs.core.pool import Pool, StampingPool, check_if_idle
@@ -74,6 +77,9 @@ class _VectorDumper(Dumper):
     def dump(self, obj: Vector) -> bytes:
         return struct.pack(f">HH{len(obj)}f", len(obj), 0, *obj)
 
+
+INDEX_FIELDS = ("content",)
+"""The value fields the store embeds (an item's "content")."""
 
 DELTA_HISTORY_PAGE = 16
 """Checkpoints read per query when rebuilding a DeltaChannel (the messages) at the start of a
@@ -152,6 +158,8 @@ class Persistence:
     checkpointer: AsyncPostgresSaver
     store: AsyncPostgresStore
     embedding: EmbeddingSpec
+    vectors: VectorPlan | None = None
+    """Which vector index the store reads, and the other one it also writes (re-embedding)."""
 
     async def close(self) -> None:
         await self.pool.close()
@@ -162,9 +170,13 @@ async def open_persistence(
     *,
     pool: Pool | None = None,
     embedding: EmbeddingSpec | None = None,
+    other_embedding: Callable[[str, int], EmbeddingSpec] | None = None,
 ) -> Persistence:
     """Open the pool (made here unless given), apply the app's migrations (all of them, in
-    graphs.core.migrations' order), run every setup() once, check the embeddings."""
+    graphs.core.migrations' order), run every setup() once, check the embeddings.
+
+    other_embedding builds the other model of a re-embedding under way (default: from the
+    settings); it is only called then."""
     if pool is None:
         url = await database_url(settings)
         pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
@@ -176,23 +188,35 @@ async def open_persistence(
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
         embedding = embedding or build_embeddings(settings)
-        await check_embedding_record(pool, embedding)
-        checkpointer = CairnSaver(pool)  # type: ignore[arg-type]
-        store = PipelinedStore(
-            pool,  # type: ignore[arg-type]
-            # No item here expires; without this every read also runs an UPDATE of expires_at.
-            ttl={"refresh_on_read": False},
-            index={
-                "dims": embedding.dims,
-                "embed": embedding.embeddings,
-                "fields": ["content"],
-                "distance_type": "cosine",
-            },
+        vectors = await check_embedding_record(
+            pool, embedding, other=other_embedding or partial(embeddings_named, settings=settings)
         )
+        checkpointer = CairnSaver(pool)  # type: ignore[arg-type]
+        store = open_store(pool, vectors)
         async with _setup_lock(pool):
             await checkpointer.setup()
             await store.setup()
     except BaseException:
         await pool.close()
         raise
-    return Persistence(pool=pool, checkpointer=checkpointer, store=store, embedding=embedding)
+    return Persistence(
+        pool=pool, checkpointer=checkpointer, store=store, embedding=embedding, vectors=vectors
+    )
+
+
+def open_store(pool: Pool, vectors: VectorPlan) -> PipelinedStore:
+    """The store on `vectors.read`'s index (writing `vectors.mirror` too, if any); no setup()."""
+    store = PipelinedStore(
+        pool,  # type: ignore[arg-type]
+        # No item here expires; without this every read also runs an UPDATE of expires_at.
+        ttl={"refresh_on_read": False},
+        index={
+            "dims": vectors.read.spec.dims,
+            "embed": vectors.read.spec.embeddings,
+            "fields": list(INDEX_FIELDS),
+            "distance_type": "cosine",
+        },
+    )
+    store.vectors_table = vectors.read.table
+    store.mirror = vectors.mirror
+    return store

@@ -72,8 +72,14 @@ class Settings(BaseSettings):
     """local: all-MiniLM-L6-v2 on the CPU (384 dims); openai: the embeddings endpoint."""
     embedding_model: str = "text-embedding-3-small"
     """Model name when embedding_provider is openai."""
-    embedding_dims: int = 1536
-    """Dimensions when embedding_provider is openai."""
+    embedding_dims: int = Field(default=1536, ge=1, le=16_000)
+    """Dimensions when embedding_provider is openai (recorded in the database; every vector
+    the server returns is checked against it)."""
+    embedding_base_url: str | None = None
+    """Any server speaking /v1/embeddings when embedding_provider is openai (default: the
+    chat models' OPENAI_BASE_URL)."""
+    embedding_api_key: SecretStr | None = None
+    """Its key (default: OPENAI_API_KEY); the chat models may stay offline."""
     embedding_threads: int = Field(default=2, ge=1, le=64)
     """onnxruntime threads per local embedding call; they do not spin between calls.
     (The torch runtime always uses one: its spinning threads cost more than they give.)"""

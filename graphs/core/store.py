@@ -8,14 +8,20 @@ namespaces nothing is stored beneath (every namespace graphs.memory.scoped build
 equality on the prefix instead of the store's `prefix = ... OR prefix LIKE ...`, which Postgres
 must plan afresh on every call, and a plain read instead of the store's get-with-TTL-refresh.
 `make bench`: a recall batch 4.7 -> 1.9 ms p50. Everything else is the library's store.
+
+While the store is re-embedded (graphs.memory.reembed) its vectors may live in another table
+than the library's `store_vectors` (`vectors_table`), and every indexed put is also written
+to the other model's index (`mirror`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from langgraph.store.base import GetOp, Result, SearchOp
+from langgraph.store.base import GetOp, Op, PutOp, Result, SearchOp
+from langgraph.store.base.embed import get_text_at_path, tokenize_path
 from langgraph.store.postgres.aio import AsyncPostgresStore
 from langgraph.store.postgres.base import (
     Row,
@@ -25,6 +31,10 @@ from langgraph.store.postgres.base import (
     _row_to_search_item,
 )
 from psycopg.rows import dict_row
+
+from graphs.core.embeddings import DEFAULT_TABLE, VectorIndex
+
+log = logging.getLogger("cairn.store")
 
 Statement = tuple[str, Sequence[Any], Callable[[list[Row]], None]]
 """A query, its parameters, and what to do with its rows."""
@@ -43,14 +53,81 @@ _LIST_EXACT = (
 _SEARCH_EXACT = (
     "SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,"
     " 1 - min(v.embedding <=> %s::vector) AS score"
-    " FROM store s JOIN store_vectors v ON v.prefix = s.prefix AND v.key = s.key"
+    " FROM store s JOIN {vectors} v ON v.prefix = s.prefix AND v.key = s.key"
     " WHERE s.prefix = %s AND (s.expires_at IS NULL OR s.expires_at > now())"
     " GROUP BY s.prefix, s.key ORDER BY score DESC, s.key LIMIT %s OFFSET %s"
 )
 
 
+# An item's vector in the other index, only while the item exists: a delete that landed
+# first wins (and one landing later cascades). updated_at orders it after the item's write,
+# which is how the re-embedding's catch-up pass tells a missed write.
+_MIRROR_PUT = (
+    "INSERT INTO {vectors} (prefix, key, field_name, embedding, created_at, updated_at)"
+    " SELECT s.prefix, s.key, %s, %s::vector, clock_timestamp(), clock_timestamp()"
+    " FROM store s WHERE s.prefix = %s AND s.key = %s"
+    " ON CONFLICT (prefix, key, field_name) DO UPDATE"
+    " SET embedding = EXCLUDED.embedding, updated_at = EXCLUDED.updated_at"
+)
+
+
+def _in_table(query: str, table: str) -> str:
+    return query if table == DEFAULT_TABLE else query.replace(DEFAULT_TABLE, table)
+
+
 class PipelinedStore(AsyncPostgresStore):
     """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round trip."""
+
+    vectors_table: str = DEFAULT_TABLE
+    """The table this store's vectors are read from and written to."""
+    mirror: VectorIndex | None = None
+    """Another model's index every indexed put is also written to (during a re-embedding)."""
+
+    # The library names `store_vectors` in its SQL; another index only swaps the table name.
+    def _prepare_batch_PUT_queries(self, put_ops: Any) -> Any:
+        queries, embedding_request = super()._prepare_batch_PUT_queries(put_ops)
+        if embedding_request is not None:
+            query, params = embedding_request
+            embedding_request = (_in_table(query, self.vectors_table), params)
+        return queries, embedding_request
+
+    def _prepare_batch_search_queries(self, search_ops: Any) -> Any:
+        queries, requests = super()._prepare_batch_search_queries(search_ops)
+        return [(_in_table(q, self.vectors_table), p) for q, p in queries], requests
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        results = await super().abatch(ops)
+        if self.mirror is not None:
+            await self._write_mirror(self.mirror, [op for op in ops if isinstance(op, PutOp)])
+        return results
+
+    async def _write_mirror(self, index: VectorIndex, puts: list[PutOp]) -> None:
+        """Never fails the write it follows: a vector missed here is redone by the
+        re-embedding's catch-up pass, and a retired index is simply gone."""
+        rows = [row for op in puts for row in self._texts(op)]
+        if not rows:
+            return
+        try:
+            vectors = await index.spec.embeddings.aembed_documents([text for *_, text in rows])
+            query = _MIRROR_PUT.format(vectors=index.table)
+            async with self._cursor(pipeline=True) as cur:
+                for (prefix, key, field, _), vector in zip(rows, vectors, strict=True):
+                    await cur.execute(query, (field, vector, prefix, key))
+        except Exception:
+            log.warning(
+                "write to the %s index failed; the re-embedding catches it up",
+                index.table,
+                exc_info=True,
+            )
+
+    def _texts(self, op: PutOp) -> list[tuple[str, str, str, str]]:
+        """(prefix, key, field name, text) for each vector the put makes."""
+        if op.value is None or op.index is False or not self.index_config:
+            return []
+        fields = op.index or cast("dict[str, Any]", self.index_config)["fields"]
+        prefix = _namespace_to_text(op.namespace)
+        return [(prefix, op.key, name, text) for name, text in vector_texts(fields, op.value)]
 
     async def aread_exact(self, ops: Sequence[GetOp | SearchOp]) -> list[Result]:
         """`abatch(ops)` for reads of namespaces that have no child namespaces.
@@ -77,7 +154,8 @@ class PipelinedStore(AsyncPostgresStore):
             namespace = _namespace_to_text(op.namespace_prefix)
             if op.query:
                 params = (next(vectors), namespace, op.limit, op.offset)
-                statements.append((_SEARCH_EXACT, params, self._search_items(results, idx)))
+                search = _SEARCH_EXACT.format(vectors=self.vectors_table)
+                statements.append((search, params, self._search_items(results, idx)))
             else:
                 params = (namespace, op.limit, op.offset)
                 statements.append((_LIST_EXACT, params, self._search_items(results, idx)))
@@ -116,3 +194,13 @@ class PipelinedStore(AsyncPostgresStore):
             ]
 
         return fill
+
+
+def vector_texts(fields: Sequence[str], value: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field name, text) of each vector the store makes for value, named as the library does."""
+    found = []
+    for path in fields:
+        texts = get_text_at_path(value, tokenize_path(path))
+        for i, text in enumerate(texts):
+            found.append((f"{path}.{i}" if len(texts) > 1 else path, text))
+    return found
