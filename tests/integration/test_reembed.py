@@ -1,0 +1,261 @@
+"""Re-embedding the store with another model on a real Postgres: stand-in -> MiniLM, end to end.
+
+Deletes and forgets land between backfill batches; the backfill is stopped and resumed; the
+recall eval gates the switch; retiring leaves a database that starts like a fresh install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from pathlib import Path
+
+import pytest
+from langchain_core.embeddings import Embeddings
+
+from graphs.core.embeddings import (
+    DEFAULT_TABLE,
+    EmbeddingModelChanged,
+    EmbeddingSpec,
+    Vector,
+    vectors_table_for,
+)
+from graphs.core.persistence import Persistence, make_pool, open_persistence
+from graphs.core.settings import Settings
+from graphs.memory import reembed
+from graphs.memory.reembed_eval import compare
+from graphs.memory.scoped import FACTS, ROOT, TOMBSTONES, ScopedMemory, user_label
+from tests.conftest import create_database
+
+pytestmark = pytest.mark.integration
+
+STAND_IN_DIMS = 48
+
+
+class StandIn(Embeddings):
+    """Deterministic vectors from a hash of the text: no meaning at all, another dimension."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [self._vector(text) for text in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._vector(text)
+
+    @staticmethod
+    def _vector(text: str) -> list[float]:
+        rng = random.Random(hashlib.sha256(text.encode()).digest())
+        return Vector(rng.gauss(0, 1) for _ in range(STAND_IN_DIMS))
+
+
+STAND_IN = EmbeddingSpec("test:hash-stand-in", STAND_IN_DIMS, StandIn())
+
+FACTS_BY_USER = {
+    "ana": [
+        ("lactose", "is lactose intolerant"),
+        ("run", "is recovering from a knee injury"),
+        ("kid", "has a daughter who loves dinosaurs"),
+        ("tea", "drinks green tea in the morning"),
+        ("bike", "commutes by bike"),
+    ],
+    "ben": [
+        ("lang", "is learning Portuguese"),
+        ("car", "drives an electric car"),
+        ("cat", "has two cats"),
+        ("job", "works night shifts at a hospital"),
+        ("music", "plays the cello"),
+    ],
+    "cy": [
+        ("garden", "grows tomatoes on the balcony"),
+        ("allergy", "is allergic to peanuts"),
+        ("book", "reads science fiction"),
+        ("travel", "prefers trains to planes"),
+    ],
+}
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+
+
+async def opened(
+    url: str, tmp_path: Path, spec: EmbeddingSpec, other: EmbeddingSpec
+) -> Persistence:
+    return await open_persistence(
+        settings(tmp_path),
+        pool=make_pool(url, max_size=3),
+        embedding=spec,
+        other_embedding=lambda *_: other,
+    )
+
+
+async def put(store, user: str, key: str, content: str) -> None:
+    await ScopedMemory(store, user).put(
+        key, content=content, category="other", source={}, confidence=1.0, stated=True
+    )
+
+
+async def new_index_keys(p: Persistence, table: str) -> dict[tuple[str, str], list[float]]:
+    async with p.pool.connection() as conn:
+        cur = await conn.execute(f"SELECT prefix, key, embedding::text AS e FROM {table}")
+        rows = await cur.fetchall()
+    return {(r["prefix"], r["key"]): [float(x) for x in r["e"][1:-1].split(",")] for r in rows}
+
+
+def prefix(user: str) -> str:
+    return f"{ROOT}.{user_label(user)}.{FACTS}"
+
+
+async def test_stand_in_to_minilm_end_to_end(
+    pg_server_url: str, embedding: EmbeddingSpec, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    minilm = embedding
+    table = vectors_table_for(minilm.name, minilm.dims)
+
+    # The app has run on the stand-in: its facts are in the store's own index.
+    p = await opened(url, tmp_path, STAND_IN, minilm)
+    for user, facts in FACTS_BY_USER.items():
+        for key, content in facts:
+            await put(p.store, user, key, content)
+    # A forget record whose fact was never swept away: it must not be carried over.
+    await p.store.aput(
+        (ROOT, user_label("cy"), TOMBSTONES),
+        "t1",
+        {"key": "book", "fact": "reads science fiction", "at": "", "reason": "test"},
+        index=False,
+    )
+    started = await reembed.begin(p.pool, STAND_IN, minilm)
+    assert started.state == "copying"
+    assert started.table == table
+    await p.close()
+
+    # A worker restarted after `begin` writes both indexes.
+    p = await opened(url, tmp_path, STAND_IN, minilm)
+    assert p.vectors is not None
+    assert p.vectors.mirror is not None
+    assert p.vectors.mirror.table == table
+
+    # Configuring the new model before its index is ready refuses to start.
+    with pytest.raises(EmbeddingModelChanged, match="not ready"):
+        await opened(url, tmp_path, minilm, STAND_IN)
+
+    stop = asyncio.Event()
+    batches: list[reembed.Progress] = []
+
+    async def meanwhile(now: reembed.Progress) -> None:
+        batches.append(now)
+        if len(batches) == 1:
+            # Keys are copied in (prefix, key) order: ana's first, then ben's, then cy's.
+            # A delete and a forget of items not copied yet, a delete of one already copied,
+            # and a new fact written by the dual-writing worker.
+            await ScopedMemory(p.store, "ben").delete("cat")
+            ben = ScopedMemory(p.store, "ben")
+            job = await ben.get("job")
+            assert job is not None
+            await ben.forget(job, reason="user asked")
+            await ScopedMemory(p.store, "ana").delete("bike")
+            await put(p.store, "cy", "coffee", "takes coffee black")
+        if len(batches) == 2:
+            stop.set()  # as Ctrl-C does: the current batch is committed, then it stops
+
+    stopped = await reembed.backfill(p.pool, minilm, batch_size=3, stop=stop, after_batch=meanwhile)
+    assert stopped.state == "copying"
+    assert 0 < stopped.copied < stopped.total
+    # Resumed from its checkpoint: finishes; running it again changes nothing (idempotent).
+    done = await reembed.backfill(p.pool, minilm, batch_size=3)
+    assert done.state == "backfilled"
+    again = await reembed.backfill(p.pool, minilm, batch_size=3)
+    assert (again.copied, again.skipped, again.caught_up) == (
+        done.copied,
+        done.skipped,
+        done.caught_up,
+    )
+
+    vectors = await new_index_keys(p, table)
+    expected = {
+        (prefix(user), key)
+        for user, facts in FACTS_BY_USER.items()
+        for key, _ in facts
+        if (user, key) not in {("ben", "cat"), ("ben", "job"), ("ana", "bike"), ("cy", "book")}
+    } | {(prefix("cy"), "coffee")}
+    assert set(vectors) == expected
+    assert done.skipped == 1  # the forgotten "book"
+    # Each item under the same key, embedded by the new model.
+    assert vectors[(prefix("ana"), "lactose")] == pytest.approx(
+        minilm.embeddings.embed_query("is lactose intolerant"), abs=1e-5
+    )
+
+    # The recall eval on the new index (a scratch database) gates the switch.
+    current, new = await compare(
+        settings(tmp_path), STAND_IN, minilm, database=create_database(pg_server_url)
+    )
+    assert new["recall"] > current["recall"]
+    assert await reembed.record_eval(p.pool, current, new) is True
+    await p.close()
+
+    # Reads switch by the setting: configured with MiniLM, a worker reads the new index ...
+    p = await opened(url, tmp_path, minilm, STAND_IN)
+    assert p.vectors is not None
+    assert p.vectors.read.table == table
+    ana = ScopedMemory(p.store, "ana")
+    found = await ana.search(
+        "what should I cook for dinner, something with milk?", limit=2, threshold=0.2
+    )
+    assert found[0].key == "lactose"
+    # ... and still writes the old one, so switching back is a restart.
+    await put(p.store, "ana", "bike", "commutes by bike again")
+    async with p.pool.connection() as conn:
+        cur = await conn.execute(f"SELECT count(*) AS n FROM {DEFAULT_TABLE} WHERE key = 'bike'")
+        assert (await cur.fetchone())["n"] == 1
+
+    # Retired: the new index is the store's own, the database as a fresh install with MiniLM.
+    retired = await reembed.retire(p.pool)
+    assert retired.state == "retired"
+    await p.close()
+    p = await opened(url, tmp_path, minilm, STAND_IN)
+    try:
+        assert p.vectors is not None
+        assert p.vectors.mirror is None
+        assert p.vectors.read.table == DEFAULT_TABLE
+        found = await ScopedMemory(p.store, "ben").search(
+            "which instrument do I practise?", limit=1, threshold=0.2
+        )
+        assert [m.key for m in found] == ["music"]
+        assert await ScopedMemory(p.store, "ben").get("job") is None
+        with pytest.raises(EmbeddingModelChanged):
+            await opened(url, tmp_path, STAND_IN, minilm)
+    finally:
+        await p.close()
+
+
+async def test_a_new_index_scoring_worse_is_refused(
+    pg_server_url: str, embedding: EmbeddingSpec, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    p = await opened(url, tmp_path, embedding, STAND_IN)
+    try:
+        for key, content in FACTS_BY_USER["ana"]:
+            await put(p.store, "ana", key, content)
+        await reembed.begin(p.pool, embedding, STAND_IN)
+        done = await reembed.backfill(p.pool, STAND_IN)
+        assert done.copied == len(FACTS_BY_USER["ana"])
+        current, new = await compare(
+            settings(tmp_path), embedding, STAND_IN, database=create_database(pg_server_url)
+        )
+        assert await reembed.record_eval(p.pool, current, new) is False
+        assert (await reembed.progress(p.pool)).state == "refused"
+        with pytest.raises(EmbeddingModelChanged, match="not ready"):
+            await opened(url, tmp_path, STAND_IN, embedding)
+        with pytest.raises(reembed.ReembedError):
+            await reembed.retire(p.pool)
+        abandoned = await reembed.abandon(p.pool)
+        assert abandoned.state == "abandoned"
+    finally:
+        await p.close()
+    p = await opened(url, tmp_path, embedding, STAND_IN)
+    try:
+        assert p.vectors is not None
+        assert p.vectors.mirror is None
+    finally:
+        await p.close()
