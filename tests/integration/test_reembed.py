@@ -24,7 +24,6 @@ from graphs.core.embeddings import (
 from graphs.core.persistence import Persistence, make_pool, open_persistence
 from graphs.core.settings import Settings
 from graphs.memory import reembed
-from graphs.memory.reembed_eval import compare
 from graphs.memory.scoped import FACTS, ROOT, TOMBSTONES, ScopedMemory, user_label
 from tests.conftest import create_database
 
@@ -187,7 +186,7 @@ async def test_stand_in_to_minilm_end_to_end(
     )
 
     # The recall eval on the new index (a scratch database) gates the switch.
-    current, new = await compare(
+    current, new = await reembed.compare(
         settings(tmp_path), STAND_IN, minilm, database=create_database(pg_server_url)
     )
     assert new["recall"] > current["recall"]
@@ -240,7 +239,7 @@ async def test_a_new_index_scoring_worse_is_refused(
         await reembed.begin(p.pool, embedding, STAND_IN)
         done = await reembed.backfill(p.pool, STAND_IN)
         assert done.copied == len(FACTS_BY_USER["ana"])
-        current, new = await compare(
+        current, new = await reembed.compare(
             settings(tmp_path), embedding, STAND_IN, database=create_database(pg_server_url)
         )
         assert await reembed.record_eval(p.pool, current, new) is False
