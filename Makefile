@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: run test unit integration e2e lint bench eval browser clean
+.PHONY: run test unit integration e2e lint bench eval reembed browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ bench: $(STAMP)
 eval: $(STAMP)
 	$(BIN)/python -m evals.memory
 	$(BIN)/python -m evals.research
+
+# Re-embed the store with another embedding model (README: "Changing the embedding model"), e.g.
+#   make reembed ARGS="run --provider openai --model text-embedding-3-small --dims 1536"
+#   make reembed ARGS=status | ARGS=retire | ARGS=abandon
+# Ctrl-C stops it after the current batch; the same command resumes.
+ARGS ?= status
+reembed: $(STAMP)
+	$(BIN)/python -m graphs.memory.reembed $(ARGS)
 
 clean:
 	rm -rf $(VENV) .data .files .pytest_cache .mypy_cache .ruff_cache

@@ -670,7 +670,11 @@ async def report_eval(pool: Pool, target: EmbeddingSpec, out: Callable[[str], No
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m graphs.memory.reembed", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m graphs.memory.reembed",
+        description="Re-embed the store with another embedding model (README: Changing the "
+        "embedding model). Ctrl-C stops after the current batch; the same command resumes.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser(
         "run", help="start or resume: backfill the new index, then run the recall eval on it"
