@@ -160,3 +160,71 @@ def test_the_server_key_falls_back_to_the_chat_key(tmp_path: Path) -> None:
     without = Settings(_env_file=None, data_dir=tmp_path, embedding_provider="openai")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="CAIRN_EMBEDDING_API_KEY or OPENAI_API_KEY"):
         build_embeddings(without)
+
+
+async def test_the_command_stops_on_ctrl_c_and_resumes(
+    server: FakeEmbeddingServer, pg_server_url: str, tmp_path: Path
+) -> None:
+    """`python -m graphs.memory.reembed run` from the local model to the server's, interrupted."""
+    import asyncio
+    import os
+    import signal
+    import sys
+
+    from graphs.core.embeddings import (
+        LOCAL_MODEL_DIMS,
+        LOCAL_MODEL_NAME,
+        EmbeddingSpec,
+        LocalMiniLM,
+    )
+
+    url = create_database(pg_server_url)
+    local = EmbeddingSpec(f"local:{LOCAL_MODEL_NAME}", LOCAL_MODEL_DIMS, LocalMiniLM())
+    p = await open_persistence(
+        Settings(_env_file=None, data_dir=tmp_path),  # type: ignore[call-arg]
+        pool=make_pool(url, max_size=2),
+        embedding=local,
+    )
+    try:
+        for i in range(30):
+            await ScopedMemory(p.store, f"user{i % 3}").put(
+                f"fact{i:02d}", content=f"likes thing number {i}", category="other",
+                source={}, confidence=1.0, stated=True,
+            )  # fmt: skip
+    finally:
+        await p.close()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "CAIRN_DATABASE_URL": url,
+        "CAIRN_DATA_DIR": str(tmp_path),
+        "CAIRN_EMBEDDING_BASE_URL": server.base_url,
+        "CAIRN_EMBEDDING_API_KEY": "sk-embed",
+    }
+    command = [sys.executable, "-m", "graphs.memory.reembed", "run", "--provider", "openai",
+               "--model", "local-embed", "--dims", "16", "--batch-size", "2"]  # fmt: skip
+
+    first = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    assert first.stdout is not None
+    seen = []
+    while line := (await first.stdout.readline()).decode():
+        seen.append(line)
+        if line.strip().startswith("copying:"):
+            first.send_signal(signal.SIGINT)
+            break
+    rest, _ = await first.communicate()
+    output = "".join(seen) + rest.decode()
+    assert first.returncode == 130, output
+    assert "Stopped: copying:" in output
+    assert "Run the same command again to resume" in output
+
+    second = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await second.communicate()
+    output = out.decode()
+    assert second.returncode in (0, 1), output  # ready or refused by the eval: both finished
+    assert "Backfilled: backfilled: 30/30 items (100%): 30 re-embedded" in output
+    assert "recall eval, new model" in output
