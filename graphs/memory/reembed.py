@@ -32,7 +32,8 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -267,6 +268,7 @@ _PUT_IF_UNCHANGED = (
 )
 
 BatchHook = Callable[[Progress], Awaitable[None]]
+_BACKFILL_LOCK_ID = 7_246_023
 
 
 @dataclass(frozen=True)
@@ -293,7 +295,35 @@ async def backfill(
     if state.target != target.name or state.dims != target.dims:
         msg = f"the re-embedding under way is to {state.target}, not {target.name}"
         raise ReembedError(msg)
-    stop = stop or asyncio.Event()
+    async with _only_one(pool):
+        return await _backfill(
+            pool, target, state, batch_size, stop or asyncio.Event(), after_batch
+        )
+
+
+@asynccontextmanager
+async def _only_one(pool: Pool) -> AsyncIterator[None]:
+    """One backfill at a time per database (two would only do the work twice)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (_BACKFILL_LOCK_ID,))
+        row = await cur.fetchone()
+        if not (row and row["ok"]):
+            msg = "another re-embedding backfill is running on this database"
+            raise ReembedError(msg)
+        try:
+            yield
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_BACKFILL_LOCK_ID,))
+
+
+async def _backfill(
+    pool: Pool,
+    target: EmbeddingSpec,
+    state: Progress,
+    batch_size: int,
+    stop: asyncio.Event,
+    after_batch: BatchHook | None,
+) -> Progress:
     if state.state == "copying":
         await _count(pool)
         if not await _pass(pool, target, state.table, "copy", batch_size, stop, after_batch):

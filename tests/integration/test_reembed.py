@@ -19,9 +19,11 @@ from graphs.core.embeddings import (
     EmbeddingModelChanged,
     EmbeddingSpec,
     Vector,
+    VectorIndex,
+    VectorPlan,
     vectors_table_for,
 )
-from graphs.core.persistence import Persistence, make_pool, open_persistence
+from graphs.core.persistence import Persistence, make_pool, open_persistence, open_store
 from graphs.core.settings import Settings
 from graphs.memory import reembed
 from graphs.memory.scoped import FACTS, ROOT, TOMBSTONES, ScopedMemory, user_label
@@ -154,7 +156,16 @@ async def test_stand_in_to_minilm_end_to_end(
             assert job is not None
             await ben.forget(job, reason="user asked")
             await ScopedMemory(p.store, "ana").delete("bike")
+            # The dual-writing worker's new fact is in the new index at once.
             await put(p.store, "cy", "coffee", "takes coffee black")
+            assert (prefix("cy"), "coffee") in await new_index_keys(p, table)
+            # A worker not restarted since `begin` changes a fact already copied: only the
+            # old index gets its new vector, and the catch-up pass must redo it.
+            stale = open_store(p.pool, VectorPlan(VectorIndex(DEFAULT_TABLE, STAND_IN)))
+            await put(stale, "ana", "kid", "has a daughter who loves horses")
+            # A second backfill at the same time is refused, not run twice.
+            with pytest.raises(reembed.ReembedError, match="another"):
+                await reembed.backfill(p.pool, minilm)
         if len(batches) == 2:
             stop.set()  # as Ctrl-C does: the current batch is committed, then it stops
 
@@ -180,6 +191,10 @@ async def test_stand_in_to_minilm_end_to_end(
     } | {(prefix("cy"), "coffee")}
     assert set(vectors) == expected
     assert done.skipped == 1  # the forgotten "book"
+    assert done.caught_up >= 1
+    assert vectors[(prefix("ana"), "kid")] == pytest.approx(
+        minilm.embeddings.embed_query("has a daughter who loves horses"), abs=1e-5
+    )
     # Each item under the same key, embedded by the new model.
     assert vectors[(prefix("ana"), "lactose")] == pytest.approx(
         minilm.embeddings.embed_query("is lactose intolerant"), abs=1e-5
