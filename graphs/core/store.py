@@ -53,7 +53,7 @@ _LIST_EXACT = (
 _SEARCH_EXACT = (
     "SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,"
     " 1 - min(v.embedding <=> %s::vector) AS score"
-    " FROM store s JOIN {vectors} v ON v.prefix = s.prefix AND v.key = s.key"
+    " FROM store s JOIN store_vectors v ON v.prefix = s.prefix AND v.key = s.key"
     " WHERE s.prefix = %s AND (s.expires_at IS NULL OR s.expires_at > now())"
     " GROUP BY s.prefix, s.key ORDER BY score DESC, s.key LIMIT %s OFFSET %s"
 )
@@ -154,7 +154,7 @@ class PipelinedStore(AsyncPostgresStore):
             namespace = _namespace_to_text(op.namespace_prefix)
             if op.query:
                 params = (next(vectors), namespace, op.limit, op.offset)
-                search = _SEARCH_EXACT.format(vectors=self.vectors_table)
+                search = _in_table(_SEARCH_EXACT, self.vectors_table)
                 statements.append((search, params, self._search_items(results, idx)))
             else:
                 params = (namespace, op.limit, op.offset)
