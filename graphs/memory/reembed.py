@@ -742,9 +742,7 @@ async def amain(argv: list[str] | None = None) -> int:
             print(f"{done.target}: {done.state}. Restart the app's workers.")
             return 0
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        _stop_on_signals(stop)
         done = await run(
             pool,
             settings,
@@ -761,8 +759,29 @@ async def amain(argv: list[str] | None = None) -> int:
         await pool.close()
 
 
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """Ctrl-C or SIGTERM: stop after the batch being written; a second one: stop now (the
+    uncommitted batch is simply redone on resume)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def handle() -> None:
+        if stop.is_set() and task is not None:
+            task.cancel()
+            return
+        stop.set()
+        print("Stopping after this batch (again to stop at once)...", file=sys.stderr)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handle)
+
+
 def main() -> None:
-    sys.exit(asyncio.run(amain()))
+    try:
+        sys.exit(asyncio.run(amain()))
+    except asyncio.CancelledError:
+        print("Stopped. Run the same command again to resume.", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
