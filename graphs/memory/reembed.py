@@ -261,11 +261,16 @@ _STALE_BATCH = (
 # forget or an edit landing meanwhile wins, and one landing later cascades or is mirrored.
 _PUT_IF_UNCHANGED = (
     "INSERT INTO {table} (prefix, key, field_name, embedding, created_at, updated_at)"
-    " SELECT s.prefix, s.key, %s, %s::vector, clock_timestamp(), clock_timestamp()"
-    " FROM store s WHERE s.prefix = %s AND s.key = %s AND s.updated_at = %s FOR SHARE OF s"
+    " SELECT s.prefix, s.key, b.field_name, b.embedding::vector, clock_timestamp(),"
+    " clock_timestamp() FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
+    " %s::timestamptz[]) AS b(prefix, key, field_name, embedding, updated_at)"
+    " JOIN store s ON s.prefix = b.prefix AND s.key = b.key AND s.updated_at = b.updated_at"
+    " FOR SHARE OF s"
     " ON CONFLICT (prefix, key, field_name) DO UPDATE"
     " SET embedding = EXCLUDED.embedding, updated_at = EXCLUDED.updated_at"
+    " RETURNING prefix, key"
 )
+"""One statement per batch (a round trip per vector was most of the backfill's time)."""
 
 BatchHook = Callable[[Progress], Awaitable[None]]
 _BACKFILL_LOCK_ID = 7_246_023
@@ -415,13 +420,17 @@ async def _run_batch(
     put = _PUT_IF_UNCHANGED.replace("{table}", table)
     last = rows[-1]
     async with pool.connection() as conn, conn.transaction():
-        written: set[tuple[str, str]] = set()
-        for (row, name, _), vector in zip(texts, vectors, strict=True):
-            cur = await conn.execute(
-                put, (name, vector, row["prefix"], row["key"], row["updated_at"])
-            )
-            if cur.rowcount:
-                written.add((row["prefix"], row["key"]))
+        cur = await conn.execute(
+            put,
+            (
+                [row["prefix"] for row, _, _ in texts],
+                [row["key"] for row, _, _ in texts],
+                [name for _, name, _ in texts],
+                [_vector_text(vector) for vector in vectors],
+                [row["updated_at"] for row, _, _ in texts],
+            ),
+        )
+        written = {(r["prefix"], r["key"]) for r in await cur.fetchall()}
         counted = "copied" if kind == "copy" else "caught_up"
         await conn.execute(
             f"UPDATE cairn_reembed SET {counted} = {counted} + %s,"  # noqa: S608 (a column name of ours)
@@ -440,6 +449,11 @@ async def _run_batch(
             ),
         )
     return _Batch(rows, len(written), len(rows) - len(keep))
+
+
+def _vector_text(vector: list[float]) -> str:
+    """pgvector's text form; the batch travels as arrays of these, cast in the statement."""
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
 async def _tombstones(pool: Pool, rows: list[dict[str, Any]]) -> dict[str, list[Tombstone]]:
