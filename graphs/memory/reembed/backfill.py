@@ -1,0 +1,269 @@
+"""The backfill: every item of the current index re-embedded into the new one, resumably."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from graphs.core.embeddings import DEFAULT_TABLE
+from graphs.core.persistence import INDEX_FIELDS
+from graphs.core.store import vector_texts
+from graphs.memory.policy import Tombstone, is_tombstoned
+from graphs.memory.reembed.state import Progress, ReembedError, active, set_state
+from graphs.memory.scoped import MEMORY_KINDS, ROOT, TOMBSTONES
+
+if TYPE_CHECKING:
+    from graphs.core.embeddings import EmbeddingSpec
+    from graphs.core.pool import Pool
+
+BATCH_SIZE = 64
+"""Items per batch: one embedding call and one transaction."""
+
+_MEMORY_PREFIX = re.compile(rf"^{ROOT}\.([^.]+)\.({'|'.join(MEMORY_KINDS)})$")
+
+_IN_OLD_INDEX = (
+    f"EXISTS (SELECT 1 FROM {DEFAULT_TABLE} v WHERE v.prefix = s.prefix AND v.key = s.key)"  # noqa: S608 (constants only)
+)
+_COPY_BATCH = (
+    "SELECT s.prefix, s.key, s.value, s.updated_at FROM store s"  # noqa: S608 (constants only)
+    f" WHERE {_IN_OLD_INDEX} AND (%(after_prefix)s::text IS NULL"
+    " OR (s.prefix, s.key) > (%(after_prefix)s, %(after_key)s))"
+    " ORDER BY s.prefix, s.key LIMIT %(limit)s"
+)
+# Items whose new vector is missing or older than the item: written by a worker that did not
+# write both indexes yet (or whose second write failed).
+_STALE_BATCH = (
+    "SELECT s.prefix, s.key, s.value, s.updated_at FROM store s"  # noqa: S608 (constants only)
+    f" WHERE {_IN_OLD_INDEX} AND (%(after_prefix)s::text IS NULL"
+    " OR (s.prefix, s.key) > (%(after_prefix)s, %(after_key)s))"
+    " AND NOT EXISTS (SELECT 1 FROM {table} n WHERE n.prefix = s.prefix AND n.key = s.key"
+    " AND n.updated_at >= s.updated_at)"
+    " ORDER BY s.prefix, s.key LIMIT %(limit)s"
+)
+# Written only if the item still exists as it was read (locked until commit): a delete, a
+# forget or an edit landing meanwhile wins, and one landing later cascades or is mirrored.
+_PUT_IF_UNCHANGED = (
+    "INSERT INTO {table} (prefix, key, field_name, embedding, created_at, updated_at)"
+    " SELECT s.prefix, s.key, b.field_name, b.embedding::vector, clock_timestamp(),"
+    " clock_timestamp() FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
+    " %s::timestamptz[]) AS b(prefix, key, field_name, embedding, updated_at)"
+    " JOIN store s ON s.prefix = b.prefix AND s.key = b.key AND s.updated_at = b.updated_at"
+    " FOR SHARE OF s"
+    " ON CONFLICT (prefix, key, field_name) DO UPDATE"
+    " SET embedding = EXCLUDED.embedding, updated_at = EXCLUDED.updated_at"
+    " RETURNING prefix, key"
+)
+"""One statement per batch (a round trip per vector was most of the backfill's time)."""
+
+BatchHook = Callable[[Progress], Awaitable[None]]
+_BACKFILL_LOCK_ID = 7_246_023
+
+
+@dataclass(frozen=True)
+class _Batch:
+    rows: list[dict[str, Any]]
+    written: int
+    skipped: int
+
+
+async def backfill(
+    pool: Pool,
+    target: EmbeddingSpec,
+    *,
+    batch_size: int = BATCH_SIZE,
+    stop: asyncio.Event | None = None,
+    after_batch: BatchHook | None = None,
+) -> Progress:
+    """Copy every item of the current index into the new one, then catch up; resumable.
+
+    Returns when done (state `backfilled`) or when `stop` is set (between batches).
+    after_batch runs after each committed batch (progress output; tests land deletes there).
+    """
+    state = await active(pool)
+    if state.target != target.name or state.dims != target.dims:
+        msg = f"the re-embedding under way is to {state.target}, not {target.name}"
+        raise ReembedError(msg)
+    async with _only_one(pool):
+        return await _backfill(
+            pool, target, state, batch_size, stop or asyncio.Event(), after_batch
+        )
+
+
+@asynccontextmanager
+async def _only_one(pool: Pool) -> AsyncIterator[None]:
+    """One backfill at a time per database (two would only do the work twice)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (_BACKFILL_LOCK_ID,))
+        row = await cur.fetchone()
+        if not (row and row["ok"]):
+            msg = "another re-embedding backfill is running on this database"
+            raise ReembedError(msg)
+        try:
+            yield
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_BACKFILL_LOCK_ID,))
+
+
+async def _backfill(
+    pool: Pool,
+    target: EmbeddingSpec,
+    state: Progress,
+    batch_size: int,
+    stop: asyncio.Event,
+    after_batch: BatchHook | None,
+) -> Progress:
+    if state.state == "copying":
+        await _count(pool)
+        if not await _pass(pool, target, state.table, "copy", batch_size, stop, after_batch):
+            return await active(pool)
+        await set_state(pool, "catching_up")
+    # Rounds until one finds nothing left to redo (forgotten facts stay skipped). Run again
+    # later (a second `run`, or before `retire`) it redoes whatever a worker missed since.
+    while True:
+        before = (await active(pool)).caught_up
+        if not await _pass(pool, target, state.table, "catch_up", batch_size, stop, after_batch):
+            return await active(pool)
+        if (await active(pool)).caught_up == before:
+            break
+    if state.state in ("copying", "catching_up"):
+        await set_state(pool, "backfilled")
+    return await active(pool)
+
+
+async def _count(pool: Pool) -> None:
+    async with pool.connection() as conn:
+        await conn.execute(
+            f"UPDATE cairn_reembed SET total = (SELECT count(*) FROM store s WHERE {_IN_OLD_INDEX})"  # noqa: S608
+            " WHERE state = 'copying' AND target = (SELECT value->'next'->>'name'"
+            " FROM cairn_meta WHERE key = 'embedding')"
+        )
+
+
+async def _pass(
+    pool: Pool,
+    target: EmbeddingSpec,
+    table: str,
+    kind: str,
+    batch_size: int,
+    stop: asyncio.Event,
+    after_batch: BatchHook | None,
+) -> bool:
+    """One pass in key order; False if stopped before the end. The copy pass starts from its
+    checkpoint; a catch-up pass from the first key."""
+    state = await active(pool)
+    after: tuple[str, str] | None = None
+    if kind == "copy" and state.copied + state.skipped:
+        after = await _cursor(pool)
+    select = (_COPY_BATCH if kind == "copy" else _STALE_BATCH).replace("{table}", table)
+    while not stop.is_set():
+        batch = await _run_batch(pool, target, table, select, after, batch_size, kind)
+        if not batch.rows:
+            return True
+        after = (batch.rows[-1]["prefix"], batch.rows[-1]["key"])
+        if after_batch is not None:
+            await after_batch(await active(pool))
+    return False
+
+
+async def _cursor(pool: Pool) -> tuple[str, str] | None:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT cursor_prefix, cursor_key FROM cairn_reembed WHERE target = (SELECT"
+            " value->'next'->>'name' FROM cairn_meta WHERE key = 'embedding')"
+        )
+        row = await cur.fetchone()
+    if row is None or row["cursor_prefix"] is None:
+        return None
+    return row["cursor_prefix"], row["cursor_key"]
+
+
+async def _run_batch(
+    pool: Pool,
+    target: EmbeddingSpec,
+    table: str,
+    select: str,
+    after: tuple[str, str] | None,
+    batch_size: int,
+    kind: str,
+) -> _Batch:
+    params = {
+        "after_prefix": after[0] if after else None,
+        "after_key": after[1] if after else None,
+        "limit": batch_size,
+    }
+    async with pool.connection() as conn:
+        cur = await conn.execute(select, params)
+        rows = [dict(r) for r in await cur.fetchall()]
+    if not rows:
+        return _Batch(rows, 0, 0)
+    forgotten = await _tombstones(pool, rows)
+    keep = [r for r in rows if not _is_forgotten(r, forgotten)]
+    texts = [(r, name, text) for r in keep for name, text in vector_texts(INDEX_FIELDS, r["value"])]
+    vectors = await target.embeddings.aembed_documents([t for *_, t in texts]) if texts else []
+    put = _PUT_IF_UNCHANGED.replace("{table}", table)
+    last = rows[-1]
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            put,
+            (
+                [row["prefix"] for row, _, _ in texts],
+                [row["key"] for row, _, _ in texts],
+                [name for _, name, _ in texts],
+                [_vector_text(vector) for vector in vectors],
+                [row["updated_at"] for row, _, _ in texts],
+            ),
+        )
+        written = {(r["prefix"], r["key"]) for r in await cur.fetchall()}
+        counted = "copied" if kind == "copy" else "caught_up"
+        await conn.execute(
+            f"UPDATE cairn_reembed SET {counted} = {counted} + %s,"  # noqa: S608 (a column name of ours)
+            " skipped = skipped + %s, updated_at = now(),"
+            " cursor_prefix = CASE WHEN %s THEN %s ELSE cursor_prefix END,"
+            " cursor_key = CASE WHEN %s THEN %s ELSE cursor_key END"
+            " WHERE target = %s",
+            (
+                len(written),
+                (len(rows) - len(keep)) if kind == "copy" else 0,
+                kind == "copy",
+                last["prefix"],
+                kind == "copy",
+                last["key"],
+                target.name,
+            ),
+        )
+    return _Batch(rows, len(written), len(rows) - len(keep))
+
+
+def _vector_text(vector: list[float]) -> str:
+    """pgvector's text form; the batch travels as arrays of these, cast in the statement."""
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+async def _tombstones(pool: Pool, rows: list[dict[str, Any]]) -> dict[str, list[Tombstone]]:
+    """The forget records of every user whose memories are in the batch, by user label."""
+    labels = {m[1] for r in rows if (m := _MEMORY_PREFIX.match(r["prefix"]))}
+    if not labels:
+        return {}
+    prefixes = [f"{ROOT}.{label}.{TOMBSTONES}" for label in labels]
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT prefix, value FROM store WHERE prefix = ANY(%s)", (prefixes,)
+        )
+        found: dict[str, list[Tombstone]] = {label: [] for label in labels}
+        for row in await cur.fetchall():
+            label = row["prefix"].split(".")[1]
+            value = row["value"]
+            found[label].append(Tombstone(key=value.get("key"), fact=value.get("fact")))
+    return found
+
+
+def _is_forgotten(row: dict[str, Any], forgotten: dict[str, list[Tombstone]]) -> bool:
+    match = _MEMORY_PREFIX.match(row["prefix"])
+    if match is None or not forgotten.get(match[1]):
+        return False
+    content = str(row["value"].get("content", ""))
+    return is_tombstoned(key=row["key"], content=content, tombstones=forgotten[match[1]])
