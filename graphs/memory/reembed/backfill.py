@@ -57,7 +57,7 @@ _PUT_IF_UNCHANGED = (
     " SET embedding = EXCLUDED.embedding, updated_at = EXCLUDED.updated_at"
     " RETURNING prefix, key"
 )
-"""One statement per batch (a round trip per vector was most of the backfill's time)."""
+"""One statement per batch, not one per vector (the embedding itself is most of a batch's time)."""
 
 BatchHook = Callable[[Progress], Awaitable[None]]
 _BACKFILL_LOCK_ID = 7_246_023
