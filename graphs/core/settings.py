@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     local_signup: bool = True
     """Whether the bundled login offers account creation."""
 
+    # Operator signals.
+    metrics_token: SecretStr | None = None
+    """Bearer token a Prometheus scraper sends to /metrics. Unset: /metrics is not served."""
+
     # Input limits.
     max_message_chars: int = Field(default=8000, ge=1)
     max_upload_mb: int = Field(default=5, ge=1, le=100)
