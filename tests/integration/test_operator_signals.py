@@ -91,7 +91,16 @@ async def test_metrics_count_real_turns_and_read_the_queue_from_postgres(databas
     assert after[("cairn_db_pool", (("stat", "pool_max"),))] == 5
 
 
-async def test_a_traced_run_carries_the_user_hashed_and_no_secret(database_url, monkeypatch):
+@pytest.mark.parametrize(
+    ("agent", "profile", "text", "status"),
+    [
+        ("planner", "Planner", GOAL, "paused"),
+        ("assistant", "Assistant", "Remember that I drink green tea.", "done"),
+    ],
+)
+async def test_a_traced_run_carries_the_user_hashed_and_no_secret(
+    database_url, monkeypatch, agent, profile, text, status
+):
     monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
     exporter = InMemorySpanExporter()
     tracing = configure_tracing(
@@ -100,12 +109,22 @@ async def test_a_traced_run_carries_the_user_hashed_and_no_secret(database_url, 
         env={"OPENAI_API_KEY": OPENAI_KEY},
         span_exporter=exporter,
     )
-    runner, close = await make_runner(database_url, worker="traced")
+    runner, close = await make_runner(database_url, worker="traced", agent=agent)
     runner.tracing = tracing
     try:
-        text = f"{GOAL} My key is {OPENAI_KEY} and the db is postgresql://app:hunter2@db/cairn"
-        outcome = await planner_turn(runner, "traced-1", RAW_USER, text=text)
-        assert outcome.status == "paused"
+        message = f"{text} My key is {OPENAI_KEY} and the db is postgresql://app:hunter2@db/cairn"
+        thread_id = f"traced-{agent}"
+        await claim_thread(runner.threads.pool, thread_id=thread_id, user_id=RAW_USER, agent=agent)
+        outcome = await runner.message(
+            HeadlessSurface(),
+            user_id=RAW_USER,
+            thread_id=thread_id,
+            profile=profile,
+            text=message,
+            message_id="m1",
+            temporary=False,
+        )
+        assert outcome.status == status
         tracing.flush()
     finally:
         await close()
@@ -122,7 +141,7 @@ async def test_a_traced_run_carries_the_user_hashed_and_no_secret(database_url, 
     )
     assert user_hash(RAW_USER, AUTH_SECRET) in dumped
     assert RAW_USER not in dumped
-    assert GOAL in dumped, "the run's content is traced"
+    assert text in dumped, "the run's content is traced"
     assert OPENAI_KEY not in dumped
     assert "hunter2" not in dumped
     assert "[redacted]" in dumped
