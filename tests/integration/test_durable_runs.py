@@ -43,6 +43,7 @@ from graphs.tools.search import LocalCorpus
 from ui.agents import assistant as assistant_agent
 from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
+from ui.recovery import recover_once
 from ui.runner import PostgresThreads, Runner
 from ui.surface import HeadlessSurface
 
@@ -280,14 +281,35 @@ async def kill_when(worker: subprocess.Popen[bytes], ready: Callable[[], Awaitab
             worker.kill()
 
 
-async def take_stranded(runner: Runner, killed_at: float) -> Any:
-    stranded: list[Any] = []
-    while not stranded:
+async def recover(runner: Runner, killed_at: float) -> Any:
+    """What every worker's sweep does (ui/recovery.py): nobody is connected to this worker, so
+    the resumed run's reply goes into the stored conversation."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    outcomes: list[Any] = []
+    while not outcomes:
         assert time.monotonic() - killed_at < 30, "the stranded run was never found"
-        stranded = await runner.stranded()
+        outcomes = await recover_once(runner, pool)
         await asyncio.sleep(0.2)
-    [run] = stranded
-    return run
+    [outcome] = outcomes
+    return outcome
+
+
+async def stored_replies(runner: Runner, thread_id: str) -> list[str]:
+    """The conversation as its owner sees it when they open it (Chainlit's Step rows)."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            'SELECT output FROM "Step" WHERE "threadId" = %s AND type = %s ORDER BY "createdAt"',
+            (thread_id, "assistant_message"),
+        )
+        return [row["output"] for row in await cur.fetchall()]
+
+
+async def chainlit_thread(runner: Runner, thread_id: str) -> None:
+    """The conversation's row in Chainlit's tables, as a chat session creates it."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    async with pool.connection() as conn:
+        await conn.execute('INSERT INTO "Thread" (id, name) VALUES (%s, %s)', (thread_id, "t"))
 
 
 FETCH_LOG_ID = re.compile(r"fetch[_ -]log[_ -]id:\s*(\d+)", re.IGNORECASE)
@@ -301,6 +323,7 @@ async def test_a_research_run_killed_while_a_subagent_works_is_resumed_without_r
     pool = runner.threads.pool  # type: ignore[attr-defined]
     fetch_log = PostgresFetchLog(pool)
     await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="research")
+    await chainlit_thread(runner, thread_id)
     paused = await runner.message(
         HeadlessSurface(),
         user_id="alice",
@@ -325,9 +348,7 @@ async def test_a_research_run_killed_while_a_subagent_works_is_resumed_without_r
     before = await fetch_log.for_thread(thread_id)
     first_topic_ids = {r.id for r in before[:FETCHES_PER_TOPIC]}
 
-    run = await take_stranded(runner, killed_at)
-    assert (run.thread_id, run.user_id, run.agent) == (thread_id, "alice", "research")
-    outcome = await runner.resume_stranded(run, HeadlessSurface())
+    outcome = await recover(runner, killed_at)
     recovered_in = time.monotonic() - killed_at
 
     assert outcome.status == "done", outcome
@@ -350,6 +371,7 @@ async def test_a_research_run_killed_while_a_subagent_works_is_resumed_without_r
         assert text.count("## ") == len(set(re.findall(r"^## .*$", text, re.M))), "no duplicate"
     report = str(state.values.get("report") or "")
     assert report
+    assert await stored_replies(runner, thread_id) == [outcome.reply], "in the conversation"
     assert await runner.stranded() == []
     print(f"research run recovered in {recovered_in:.1f} s after the kill")
     await close()
@@ -360,6 +382,7 @@ async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_wor
     thread_id = "durable-assistant-1"
     pool = runner.threads.pool  # type: ignore[attr-defined]
     await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    await chainlit_thread(runner, thread_id)
     graph = runner.graphs["assistant"]
     config = {"configurable": {"thread_id": thread_id}}
 
@@ -371,9 +394,7 @@ async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_wor
     await kill_when(worker, waiting_for_the_model)
     killed_at = time.monotonic()
 
-    run = await take_stranded(runner, killed_at)
-    assert (run.thread_id, run.user_id, run.agent) == (thread_id, "alice", "assistant")
-    outcome = await runner.resume_stranded(run, HeadlessSurface())
+    outcome = await recover(runner, killed_at)
     recovered_in = time.monotonic() - killed_at
 
     assert outcome.status == "done", outcome
@@ -382,6 +403,7 @@ async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_wor
     assert [m.type for m in messages] == ["human", "ai"], "the message once, one reply"
     assert messages[0].text == ASSISTANT_MESSAGE
     assert messages[1].text == outcome.reply
+    assert await stored_replies(runner, thread_id) == [outcome.reply], "in the conversation"
     assert await runner.stranded() == []
     print(f"assistant turn recovered in {recovered_in:.1f} s after the kill")
     await close()
