@@ -160,3 +160,29 @@ def test_with_nothing_asked_for_runs_carry_no_trace_metadata():
         assert tracing.run_config(user_id="u", agent="assistant", thread_id="t") == {}
     finally:
         reset_tracing()
+
+
+def test_traced_runs_go_through_the_redacting_client():
+    # OpenTelemetry mode with an in-memory exporter: the same client LangSmith mode uses, without
+    # the network (a LangSmith-mode client contacts its server from a background thread).
+    key = "lsv2_pt_unit_test_key_0123456789"
+    env = {"LANGSMITH_API_KEY": key}
+    tracing = configure_tracing(
+        Settings(), auth_secret="a" * 40, env=env, span_exporter=InMemorySpanExporter()
+    )
+    try:
+        assert tracing.enabled
+        config = tracing.run_config(user_id="github:42", agent="assistant", thread_id="t1")
+        assert config["metadata"]["cairn_user"] == user_hash("github:42", "a" * 40)
+        assert "github:42" not in repr(config)
+        # The client's own step before anything is exported (langsmith Client._hide_run_*).
+        inputs = tracing.client._hide_run_inputs(
+            {"headers": {"Authorization": "Bearer tok-123"}, "note": f"key {key}"}
+        )
+        assert "tok-123" not in repr(inputs)
+        assert key not in repr(inputs)
+        metadata = tracing.client._hide_run_metadata({"database_url": "postgresql://a:b@h/d"})
+        assert "a:b@h" not in repr(metadata)
+    finally:
+        tracing.shutdown()
+        reset_tracing()
