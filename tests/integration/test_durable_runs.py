@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableLambda
 from auth.ownership import claim_thread
 from graphs.assistant.graph import build_graph as build_assistant
 from graphs.assistant.offline import offline_assistant
+from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal
@@ -281,6 +282,11 @@ async def kill_when(worker: subprocess.Popen[bytes], ready: Callable[[], Awaitab
             worker.kill()
 
 
+def resumed_count(agent: str) -> float:
+    labels = {"agent": agent, "outcome": "done"}
+    return REGISTRY.get_sample_value("cairn_runs_resumed_total", labels) or 0.0
+
+
 async def recover(runner: Runner, killed_at: float) -> Any:
     """What every worker's sweep does (ui/recovery.py): nobody is connected to this worker, so
     the resumed run's reply goes into the stored conversation."""
@@ -348,8 +354,12 @@ async def test_a_research_run_killed_while_a_subagent_works_is_resumed_without_r
     before = await fetch_log.for_thread(thread_id)
     first_topic_ids = {r.id for r in before[:FETCHES_PER_TOPIC]}
 
+    resumed = resumed_count("research")
+    resumed = resumed_count("assistant")
     outcome = await recover(runner, killed_at)
     recovered_in = time.monotonic() - killed_at
+    assert resumed_count("assistant") == resumed + 1, "counted for /metrics"
+    assert resumed_count("research") == resumed + 1, "counted for /metrics"
 
     assert outcome.status == "done", outcome
     assert outcome.reply, "the report was delivered"
