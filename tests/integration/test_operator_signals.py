@@ -3,9 +3,13 @@ traced run leaves the process with the user id hashed and secrets redacted."""
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import httpx
 import pytest
 from fastapi import FastAPI
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -145,3 +149,69 @@ async def test_a_traced_run_carries_the_user_hashed_and_no_secret(
     assert OPENAI_KEY not in dumped
     assert "hunter2" not in dumped
     assert "[redacted]" in dumped
+
+
+class Collector:
+    """A stand-in OpenTelemetry collector: an OTLP/HTTP endpoint that keeps what it receives."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                collector.bodies.append(self.rfile.read(length))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def received(self) -> str:
+        """Every span name and attribute value that reached the collector."""
+        texts: list[str] = []
+        for body in self.bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            for resource_spans in request.resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        texts.append(span.name)
+                        texts += [f"{a.key}={a.value}" for a in span.attributes]
+                        for event in span.events:
+                            texts += [f"{a.key}={a.value}" for a in event.attributes]
+        return "\n".join(texts)
+
+
+async def test_the_otlp_endpoint_setting_alone_sends_redacted_spans(database_url, monkeypatch):
+    collector = Collector()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    tracing = configure_tracing(Settings(), auth_secret=AUTH_SECRET)
+    runner, close = await make_runner(database_url, worker="otlp")
+    runner.tracing = tracing
+    try:
+        text = f"{GOAL} Authorization: Bearer {OPENAI_KEY}"
+        outcome = await planner_turn(runner, "otlp-1", RAW_USER, text=text)
+        assert outcome.status == "paused"
+        tracing.shutdown()  # flushes the batch to the collector
+    finally:
+        await close()
+        reset_tracing()
+        collector.close()
+
+    received = collector.received()
+    assert GOAL in received, "spans reached the collector"
+    assert user_hash(RAW_USER, AUTH_SECRET) in received
+    assert RAW_USER not in received
+    assert OPENAI_KEY not in received
