@@ -189,6 +189,8 @@ class Settings(BaseSettings):
             problems.append("CAIRN_LOCAL_USERS is for local use only")
         if not (self.public_url or "").startswith("https://"):
             problems.append("CAIRN_PUBLIC_URL must be https")
+        if self.metrics_token is not None and len(self.metrics_token.get_secret_value()) < 24:
+            problems.append("CAIRN_METRICS_TOKEN, when set, needs 24+ characters")
         if problems:
             msg = "Unsafe production settings: " + "; ".join(problems)
             raise ValueError(msg)
