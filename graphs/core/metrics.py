@@ -73,6 +73,7 @@ POOL = Gauge(
     registry=REGISTRY,
 )
 
+SHARED_READ_TIMEOUT_S = 2.0
 JOB_STATUSES = ("todo", "doing", "succeeded", "failed", "cancelled", "aborted")
 
 
@@ -98,7 +99,8 @@ def observe_memory_job(outcome: str) -> None:
 
 async def read_shared(pool: Pool) -> None:
     """The figures every worker shares, from Postgres, into the gauges (before each scrape)."""
-    async with pool.connection() as conn:
+    # A short wait: with the pool exhausted the scrape still answers (pool stats say why).
+    async with pool.connection(timeout=SHARED_READ_TIMEOUT_S) as conn:
         cur = await conn.execute(
             "SELECT status::text AS status, count(*) AS n FROM procrastinate_jobs "
             "WHERE queue_name = 'memory' GROUP BY status"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from auth.ownership import claim_thread
+from graphs.core.persistence import make_pool
 from graphs.core.settings import Settings
 from graphs.core.tracing import configure_tracing, reset_tracing, user_hash
 from tests.integration.test_durable_runs import GOAL, make_runner
@@ -23,6 +25,7 @@ from ui.surface import HeadlessSurface
 pytestmark = pytest.mark.integration
 
 TOKEN = "scrape-token-0123456789abcdef"
+PROMETHEUS_SCRAPE_TIMEOUT_S = 10
 RAW_USER = "oidc:raw-user-5b1e9c"
 AUTH_SECRET = "test-auth-secret-with-more-than-32-characters"
 OPENAI_KEY = "sk-test0123456789abcdefghijklmnop"
@@ -215,3 +218,20 @@ async def test_the_otlp_endpoint_setting_alone_sends_redacted_spans(database_url
     assert user_hash(RAW_USER, AUTH_SECRET) in received
     assert RAW_USER not in received
     assert OPENAI_KEY not in received
+
+
+async def test_a_scrape_answers_while_every_connection_is_taken(database_url):
+    pool = make_pool(database_url, min_size=1, max_size=1)
+    await pool.open()
+    try:
+        async with pool.connection():  # the only connection, busy elsewhere
+            started = time.monotonic()
+            response = await scrape(pool)
+            took = time.monotonic() - started
+    finally:
+        await pool.close()
+    assert response.status_code == 200
+    # Within Prometheus's default scrape timeout (10 s), not the pool's own 30 s wait.
+    assert took < PROMETHEUS_SCRAPE_TIMEOUT_S
+    pool_max = samples(response.text)[("cairn_db_pool", (("stat", "pool_max"),))]
+    assert pool_max == 1
