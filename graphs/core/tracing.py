@@ -115,12 +115,15 @@ def _secret_key(key: Any, value: Any) -> bool:
 def known_secrets(settings: Settings, auth_secret: str, env: Mapping[str, str]) -> list[str]:
     """Every configured secret value, so it is replaced wherever it shows up in a trace."""
     values = [auth_secret]
-    for field in ("database_url", "openai_api_key", "analytics_database_url", "tavily_api_key"):
-        secret = getattr(settings, field, None)
+    for secret in (
+        settings.database_url,
+        settings.openai_api_key,
+        settings.analytics_database_url,
+        settings.tavily_api_key,
+        settings.metrics_token,
+    ):
         if secret is not None:
             values.append(secret.get_secret_value())
-    if (token := getattr(settings, "metrics_token", None)) is not None:
-        values.append(token.get_secret_value())
     names = ("LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "OPENAI_API_KEY", "CHAINLIT_AUTH_SECRET")
     values += [env[name] for name in names if env.get(name)]
     values += _header_values(env.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
