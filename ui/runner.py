@@ -22,6 +22,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
+from graphs.core import metrics
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from langgraph.types import Interrupt, StateSnapshot, StreamMode
 
     from graphs.core.persistence import Pool
+    from graphs.core.tracing import Tracing
 
 log = logging.getLogger("cairn.turns")
 
@@ -213,6 +215,7 @@ class Runner:
         services: Any = None,
         journal: RunJournal | None = None,
         stale_s: float = STALE_S,
+        tracing: Tracing | None = None,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -227,6 +230,8 @@ class Runner:
         """Runs in progress in Postgres, so a dead worker's runs are resumed (None: not kept)."""
         self.stale_s = stale_s
         """A run whose worker has not beaten for this long is resumed by this one."""
+        self.tracing = tracing
+        """Trace metadata for each run (the user hashed), when tracing is on."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -365,6 +370,7 @@ class Runner:
         if spec is None or graph is None or stranded.attempts > MAX_ATTEMPTS:
             log.error("run on thread %s cannot be continued (agent %s)", thread_id, owned.agent)
             await self.journal.give_up(thread_id)
+            metrics.observe_resumed(owned.agent, "given_up")
             await surface.failed(RUN_LOST, thread_id=thread_id)
             return RunOutcome("failed", owned=owned)
         state = await graph.aget_state(_config(thread_id, spec))
@@ -373,6 +379,7 @@ class Runner:
             return RunOutcome("paused" if state.interrupts else "done", owned=owned)
         log.info("resuming thread %s (%s) left by a stopped worker", thread_id, spec.key)
         outcome = await self._run(surface, spec, None, _context(owned, user_id, thread_id), owned)
+        metrics.observe_resumed(spec.key, outcome.status)
         if outcome.status == "failed":
             await self.journal.give_up(thread_id)
         # "busy": its worker is alive after all (it holds the run lock) and will finish it.
@@ -434,6 +441,7 @@ class Runner:
                 if self.journal is not None:
                     await self.journal.finished(context.thread_id)
         except ThreadBusy as exc:
+            metrics.observe_refusal(spec.key, "busy")
             await surface.refuse(str(exc))
             return RunOutcome("busy", owned=owned)
         outcome.owned = owned
@@ -454,6 +462,13 @@ class Runner:
         context: Context,
     ) -> RunOutcome:
         config = _config(context.thread_id, spec)
+        if self.tracing is not None:
+            config = {
+                **config,
+                **self.tracing.run_config(
+                    user_id=context.user_id, agent=spec.key, thread_id=context.thread_id
+                ),
+            }
         modes: list[StreamMode] = list(dict.fromkeys(("updates", *spec.stream_modes)))
 
         async def load_state() -> StateSnapshot:
@@ -489,13 +504,20 @@ class Runner:
         finally:
             reply = await view.end(status, load_state)
         first_token_at = getattr(view, "first_token_at", None)
+        total_s = time.perf_counter() - started
+        metrics.observe_run(
+            spec.key,
+            status,
+            seconds=total_s,
+            first_token_s=(first_token_at - started) if first_token_at else None,
+        )
         log.info(
             "run agent=%s thread=%s status=%s first_token_ms=%s total_ms=%.1f",
             spec.key,
             context.thread_id,
             status,
             f"{(first_token_at - started) * 1000:.1f}" if first_token_at else "-",
-            (time.perf_counter() - started) * 1000,
+            total_s * 1000,
         )
         return RunOutcome(status, list(interrupts.values()), reply)
 

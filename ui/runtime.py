@@ -24,6 +24,7 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
+from graphs.core.tracing import Tracing, configure_tracing
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
@@ -32,6 +33,7 @@ from ui.agents.research import corpus_router
 from ui.chainlit_patches import mount_before_catch_all
 from ui.limits import UploadSizeLimit
 from ui.memory_page import build_router as build_memory_router
+from ui.metrics import build_router as build_metrics_router
 from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
@@ -56,6 +58,7 @@ class AppRuntime:
     memory_jobs: MemoryJobs | None = None
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
+    tracing: Tracing | None = None
     _privacy: Privacy | None = None
     _runner: Runner | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -132,12 +135,21 @@ def prepare(app: FastAPI) -> AppRuntime:
         mount_before_catch_all(app, router)
     mount_before_catch_all(app, build_memory_router(get_runtime))
     mount_before_catch_all(app, corpus_router(settings))
+    metrics_token = settings.metrics_token
+    mount_before_catch_all(
+        app,
+        build_metrics_router(
+            metrics_token.get_secret_value() if metrics_token is not None else None,
+            lambda: pool,
+        ),
+    )
     _runtime = AppRuntime(
         settings=settings,
         pool=pool,
         public_url=public_url,
         accounts=accounts,
         run_locks=ThreadRunLocks(pool),
+        tracing=configure_tracing(settings, auth_secret=auth_secret),
     )
     return _runtime
 
@@ -174,6 +186,7 @@ async def start() -> None:
         locks=runtime.run_locks,
         services=runtime,
         journal=journal,
+        tracing=runtime.tracing,
     )
     runtime.background = [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
@@ -221,6 +234,8 @@ async def stop() -> None:
         await _runtime.run_locks.close()
     if _runtime.persistence is not None:
         await _runtime.persistence.close()
+    if _runtime.tracing is not None:
+        _runtime.tracing.shutdown()
 
 
 async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> MemoryJobs:

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
     local_signup: bool = True
     """Whether the bundled login offers account creation."""
 
+    # Operator signals.
+    metrics_token: SecretStr | None = None
+    """Bearer token a Prometheus scraper sends to /metrics. Unset: /metrics is not served."""
+
     # Input limits.
     max_message_chars: int = Field(default=8000, ge=1)
     max_upload_mb: int = Field(default=5, ge=1, le=100)
@@ -191,6 +195,8 @@ class Settings(BaseSettings):
             problems.append("CAIRN_LOCAL_USERS is for local use only")
         if not (self.public_url or "").startswith("https://"):
             problems.append("CAIRN_PUBLIC_URL must be https")
+        if self.metrics_token is not None and len(self.metrics_token.get_secret_value()) < 24:
+            problems.append("CAIRN_METRICS_TOKEN, when set, needs 24+ characters")
         if problems:
             msg = "Unsafe production settings: " + "; ".join(problems)
             raise ValueError(msg)

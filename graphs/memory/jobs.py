@@ -13,6 +13,7 @@ import procrastinate
 import psycopg
 from procrastinate.exceptions import AlreadyEnqueued
 
+from graphs.core import metrics
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
@@ -178,11 +179,16 @@ class MemoryJobs:
             )
         except InvalidModelOutput as exc:
             log.warning("memory job skipped (invalid model output) user=%s: %s", user_id, exc)
+            metrics.observe_memory_job("skipped")
             return
         except Exception as exc:
             if job.attempts + 1 >= self.max_attempts:
                 await self._dead_letter(user_id, thread_id, job.id, job.attempts + 1, exc)
+                metrics.observe_memory_job("dead_lettered")
+            else:
+                metrics.observe_memory_job("retried")
             raise
+        metrics.observe_memory_job("done")
         log.info(
             "memory job done user=%s thread=%s written=%s suggested=%s rejected=%s skipped=%s",
             user_id,

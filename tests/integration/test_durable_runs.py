@@ -1,10 +1,12 @@
-"""A run outlives its worker: kill -9 mid-Planner run, and a live worker resumes it from the last
-checkpoint with no completed step run again (real Postgres, real processes)."""
+"""A run outlives its worker: kill -9 mid-Planner run, mid-Research run (a subagent at work), and a
+live worker resumes it from the last checkpoint with no completed step or subagent task run again
+(real Postgres, real processes)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableLambda
 
 from auth.ownership import claim_thread
+from graphs.assistant.graph import build_graph as build_assistant
+from graphs.assistant.offline import offline_assistant
+from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal
@@ -29,7 +34,17 @@ from graphs.planner.offline import offline_planner
 from graphs.planner.sql import AnalyticsDatabase, analyst_url
 from graphs.planner.state import step_parts
 from graphs.planner.tools import make_tools
+from graphs.research import SAMPLE_CORPUS_DIR
+from graphs.research.graph import ResearchTools, file_text, slug
+from graphs.research.graph import build_graph as build_research
+from graphs.research.offline import FETCHES_PER_TOPIC, OfflineResearchModel
+from graphs.tools.fetch import Fetcher
+from graphs.tools.fetchlog import PostgresFetchLog
+from graphs.tools.search import LocalCorpus
+from ui.agents import assistant as assistant_agent
 from ui.agents import planner as planner_agent
+from ui.agents import research as research_agent
+from ui.recovery import recover_once
 from ui.runner import PostgresThreads, Runner
 from ui.surface import HeadlessSurface
 
@@ -75,10 +90,15 @@ class SlowModel(BaseChatModel):
         return call
 
 
+ASSISTANT_MESSAGE = "What is a good way to plan a week of meals?"
+RESEARCH_QUESTION = "When did the seed vault open and how do honeybees share the location of food?"
+
+
 async def make_runner(
-    url: str, *, worker: str, slow_s: float = 0.0
+    url: str, *, worker: str, slow_s: float = 0.0, agent: str = "planner"
 ) -> tuple[Runner, Callable[[], Awaitable[None]]]:
-    """A worker's runner for the Planner, as ui/runtime.py builds it, on the given database."""
+    """A worker's runner for the Planner or Research, as ui/runtime.py builds it, on the given
+    database (the offline models; `slow_s` delays each model call)."""
     from graphs.core.embeddings import LOCAL_MODEL_DIMS, EmbeddingSpec
 
     settings = Settings(data_dir=Path(tempfile.mkdtemp()))
@@ -86,17 +106,43 @@ async def make_runner(
     persistence = await open_persistence(
         settings, pool=make_pool(url, max_size=5), embedding=embedding
     )
-    model = offline_planner()
-    if slow_s:
-        model = SlowModel(inner=model, delay_s=slow_s)
-    tools = make_tools(AnalyticsDatabase(analyst_url(url), timeout_ms=3000))
-    graph = build_graph(
-        checkpointer=persistence.checkpointer, store=persistence.store, model=model, tools=tools
-    )
+    model: BaseChatModel
+    if agent == "assistant":
+        model = offline_assistant()
+        if slow_s:
+            model = SlowModel(inner=model, delay_s=slow_s)
+        graph = build_assistant(
+            checkpointer=persistence.checkpointer, store=persistence.store, model=model
+        )
+        spec = assistant_agent.SPEC
+    elif agent == "research":
+        model = OfflineResearchModel()
+        if slow_s:
+            model = SlowModel(inner=model, delay_s=slow_s)
+        corpus = LocalCorpus(SAMPLE_CORPUS_DIR, store=persistence.store)
+        fetcher = Fetcher(log=PostgresFetchLog(persistence.pool), openers={"corpus": corpus.open})
+        graph = build_research(
+            checkpointer=persistence.checkpointer,
+            store=persistence.store,
+            model=model,
+            tools=ResearchTools(search=corpus, fetcher=fetcher),
+            # One subagent at a time: when the second topic is fetching, the first is done.
+            settings=Settings(research_critique_rounds=1, research_max_subagents=1),
+        )
+        spec = research_agent.SPEC
+    else:
+        model = offline_planner()
+        if slow_s:
+            model = SlowModel(inner=model, delay_s=slow_s)
+        tools = make_tools(AnalyticsDatabase(analyst_url(url), timeout_ms=3000))
+        graph = build_graph(
+            checkpointer=persistence.checkpointer, store=persistence.store, model=model, tools=tools
+        )
+        spec = planner_agent.SPEC
     locks = ThreadRunLocks(persistence.pool)
     runner = Runner(
-        agents=[planner_agent.SPEC],
-        graphs={"planner": graph},
+        agents=[spec],
+        graphs={spec.key: graph},
         threads=PostgresThreads(persistence.pool),
         locks=locks,
         journal=RunJournal(persistence.pool, worker=worker),
@@ -201,4 +247,173 @@ async def test_a_planner_run_killed_mid_run_is_resumed_by_a_live_worker(database
     assert after[: len(before)] == before, "completed steps were not run again"
     assert await runner.stranded() == []  # finished: nothing left to resume
     print(f"recovered in {recovered_in:.1f} s after the kill")
+    await close()
+
+
+def spawn_doomed(database_url: str, thread_id: str, interrupt_id: str, agent: str):
+    """The worker that approves the pause and runs slowly, in its own process."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.stranded_worker",
+            database_url,
+            thread_id,
+            interrupt_id,
+            agent,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+async def kill_when(worker: subprocess.Popen[bytes], ready: Callable[[], Awaitable[bool]]) -> None:
+    """SIGKILL the worker as soon as `ready()` says the run is where the test wants it."""
+    try:
+        deadline = time.monotonic() + 90
+        while not await ready():
+            assert worker.poll() is None, "the worker ended before the test could stop it"
+            assert time.monotonic() < deadline, "the worker never got there"
+            await asyncio.sleep(0.1)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def resumed_count(agent: str) -> float:
+    labels = {"agent": agent, "outcome": "done"}
+    return REGISTRY.get_sample_value("cairn_runs_resumed_total", labels) or 0.0
+
+
+async def recover(runner: Runner, killed_at: float) -> Any:
+    """What every worker's sweep does (ui/recovery.py): nobody is connected to this worker, so
+    the resumed run's reply goes into the stored conversation."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    outcomes: list[Any] = []
+    while not outcomes:
+        assert time.monotonic() - killed_at < 30, "the stranded run was never found"
+        outcomes = await recover_once(runner, pool)
+        await asyncio.sleep(0.2)
+    [outcome] = outcomes
+    return outcome
+
+
+async def stored_replies(runner: Runner, thread_id: str) -> list[str]:
+    """The conversation as its owner sees it when they open it (Chainlit's Step rows)."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            'SELECT output FROM "Step" WHERE "threadId" = %s AND type = %s ORDER BY "createdAt"',
+            (thread_id, "assistant_message"),
+        )
+        return [row["output"] for row in await cur.fetchall()]
+
+
+async def chainlit_thread(runner: Runner, thread_id: str) -> None:
+    """The conversation's row in Chainlit's tables, as a chat session creates it."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    async with pool.connection() as conn:
+        await conn.execute('INSERT INTO "Thread" (id, name) VALUES (%s, %s)', (thread_id, "t"))
+
+
+FETCH_LOG_ID = re.compile(r"fetch[_ -]log[_ -]id:\s*(\d+)", re.IGNORECASE)
+
+
+async def test_a_research_run_killed_while_a_subagent_works_is_resumed_without_redoing_done_topics(
+    database_url,
+):
+    runner, close = await make_runner(database_url, worker="survivor", agent="research")
+    thread_id = "durable-research-1"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    fetch_log = PostgresFetchLog(pool)
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="research")
+    await chainlit_thread(runner, thread_id)
+    paused = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Research",
+        text=RESEARCH_QUESTION,
+        message_id="m1",
+        temporary=False,
+    )
+    assert paused.status == "paused"
+    [review] = paused.interrupts
+    topics = review.value["todos"]
+    assert len(topics) == 2
+
+    async def second_topic_fetching() -> bool:
+        # One subagent at a time: a fetch past the first topic's means the first is done.
+        return len(await fetch_log.for_thread(thread_id)) > FETCHES_PER_TOPIC
+
+    worker = spawn_doomed(database_url, thread_id, review.id, "research")
+    await kill_when(worker, second_topic_fetching)
+    killed_at = time.monotonic()
+    before = await fetch_log.for_thread(thread_id)
+    first_topic_ids = {r.id for r in before[:FETCHES_PER_TOPIC]}
+
+    resumed = resumed_count("research")
+    outcome = await recover(runner, killed_at)
+    recovered_in = time.monotonic() - killed_at
+    assert resumed_count("research") == resumed + 1, "counted for /metrics"
+
+    assert outcome.status == "done", outcome
+    assert outcome.reply, "the report was delivered"
+    after = await fetch_log.for_thread(thread_id)
+    assert [r.id for r in after[: len(before)]] == [r.id for r in before]
+    # Only the topic in flight ran again: at most its fetches are new, none of the finished one's.
+    assert len(after) - len(before) <= FETCHES_PER_TOPIC, [r.url for r in after]
+    state = await runner.graphs["research"].aget_state({"configurable": {"thread_id": thread_id}})
+    files = state.values.get("files") or {}
+    notes = {p: file_text(state.values, p) for p in files if p.startswith("/notes/")}
+    assert len(notes) == len(topics), sorted(files)
+    first_notes = next(text for path, text in notes.items() if slug(topics[0]) in path)
+    cited = {int(i) for i in FETCH_LOG_ID.findall(first_notes)}
+    assert cited, first_notes
+    assert cited <= first_topic_ids, (
+        "the finished topic's notes are the ones written before the kill"
+    )
+    for text in notes.values():
+        assert text.count("## ") == len(set(re.findall(r"^## .*$", text, re.M))), "no duplicate"
+    report = str(state.values.get("report") or "")
+    assert report
+    assert await stored_replies(runner, thread_id) == [outcome.reply], "in the conversation"
+    assert await runner.stranded() == []
+    print(f"research run recovered in {recovered_in:.1f} s after the kill")
+    await close()
+
+
+async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_worker(database_url):
+    runner, close = await make_runner(database_url, worker="survivor", agent="assistant")
+    thread_id = "durable-assistant-1"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    await chainlit_thread(runner, thread_id)
+    graph = runner.graphs["assistant"]
+    config = {"configurable": {"thread_id": thread_id}}
+
+    async def waiting_for_the_model() -> bool:
+        # Recall is checkpointed; the (slow) model is working on the reply.
+        return (await graph.aget_state(config)).next == ("assistant",)
+
+    worker = spawn_doomed(database_url, thread_id, "-", "assistant")
+    await kill_when(worker, waiting_for_the_model)
+    killed_at = time.monotonic()
+
+    resumed = resumed_count("assistant")
+    outcome = await recover(runner, killed_at)
+    recovered_in = time.monotonic() - killed_at
+    assert resumed_count("assistant") == resumed + 1, "counted for /metrics"
+
+    assert outcome.status == "done", outcome
+    assert outcome.reply
+    messages = (await graph.aget_state(config)).values["messages"]
+    assert [m.type for m in messages] == ["human", "ai"], "the message once, one reply"
+    assert messages[0].text == ASSISTANT_MESSAGE
+    assert messages[1].text == outcome.reply
+    assert await stored_replies(runner, thread_id) == [outcome.reply], "in the conversation"
+    assert await runner.stranded() == []
+    print(f"assistant turn recovered in {recovered_in:.1f} s after the kill")
     await close()

@@ -17,6 +17,7 @@ from langchain_core.runnables import Runnable, RunnableLambda
 
 from auth.ownership import claim_thread
 from graphs.assistant.offline import offline_assistant
+from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import Persistence, make_pool, open_persistence
 from graphs.core.settings import Settings
 from graphs.memory.jobs import MemoryJobs
@@ -128,6 +129,7 @@ async def test_messages_in_quick_succession_make_one_job_run_after_the_quiet_per
     thread = await owned_thread(db, user)
     talk = Conversations()
     idle = 1.0
+    done_before = job_runs("done")
     async with memory_jobs_running(db, load_messages=talk.load, idle_seconds=idle) as jobs:
         for i, text in enumerate(["I'm vegetarian", "My manager is Priya", "I live in Pune"]):
             if i:
@@ -150,6 +152,7 @@ async def test_messages_in_quick_succession_make_one_job_run_after_the_quiet_per
     ]
     marker = await ScopedMemory(db.store, user).marker(thread)
     assert marker["last_message_id"] == talk.messages[thread][-1].id
+    assert job_runs("done") == done_before + 1, "one run, counted once"
 
 
 async def test_a_queued_job_survives_a_restart(db: Persistence) -> None:
@@ -213,6 +216,7 @@ async def test_a_failing_job_is_retried_then_dead_lettered(db: Persistence) -> N
     talk = Conversations()
     talk.add(thread, "I'm vegetarian")
     model = BrokenModel()
+    runs = {o: job_runs(o) for o in ("retried", "dead_lettered", "done")}
 
     async with memory_jobs_running(
         db, model=model, load_messages=talk.load, max_attempts=2, retry_wait_s=0
@@ -228,6 +232,15 @@ async def test_a_failing_job_is_retried_then_dead_lettered(db: Persistence) -> N
     assert await job_statuses(db, user) == ["failed"]
     assert await contents(db, user) == []
     assert "last_message_id" not in await ScopedMemory(db.store, user).marker(thread)
+    # What /metrics reports for this worker: one retry, then the dead letter, nothing done.
+    assert job_runs("retried") == runs["retried"] + 1
+    assert job_runs("dead_lettered") == runs["dead_lettered"] + 1
+    assert job_runs("done") == runs["done"]
+
+
+def job_runs(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("cairn_memory_job_runs_total", {"outcome": outcome})
+    return value or 0.0
 
 
 class OverlapModel:

@@ -51,6 +51,7 @@ def test_safe_production_settings_are_accepted() -> None:
         ({"local_users": ["alice:wonderland"]}, "CAIRN_LOCAL_USERS"),
         ({"public_url": "http://cairn.example.com"}, "CAIRN_PUBLIC_URL"),
         ({"public_url": None}, "CAIRN_PUBLIC_URL"),
+        ({"metrics_token": "guessable"}, "CAIRN_METRICS_TOKEN"),
     ],
     ids=[
         "missing-secret",
@@ -60,6 +61,7 @@ def test_safe_production_settings_are_accepted() -> None:
         "seeded-users",
         "http-public-url",
         "no-public-url",
+        "short-metrics-token",
     ],
 )
 def test_production_refuses_each_unsafe_value_by_name(override: dict[str, Any], named: str) -> None:
