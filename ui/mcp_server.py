@@ -69,6 +69,9 @@ INSTRUCTIONS = (
 )
 
 
+OFFLINE_STRUCTURED = "OfflineStructuredOutput"
+
+
 class BudgetExceeded(Exception):
     """A run made more model calls than its token allows."""
 
@@ -94,6 +97,12 @@ class ModelCallBudget(AsyncCallbackHandler):
 
     async def on_llm_start(self, serialized: Any, prompts: Any, **kwargs: Any) -> None:
         self._count()
+
+    async def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+        # The offline stand-in answers structured output without a chat-model run
+        # (graphs/core/offline.py); it counts as the model call it stands in for.
+        if kwargs.get("name") == OFFLINE_STRUCTURED:
+            self._count()
 
     def _count(self) -> None:
         self.calls += 1
@@ -455,7 +464,9 @@ class McpEndpoint:
                     f"The run stopped at this token's budget of {call.budget.limit} model "
                     "calls. What it finished is saved in the conversation."
                 )
-            elif outcome.status not in ("done", "paused"):
+            elif outcome.status not in ("done", "paused") or surface.errors:
+                # A paused run with an error is an answer that was refused (e.g. an edit
+                # without its steps): the question is still waiting.
                 detail = _refusal(outcome, surface)
         finally:
             _budget.reset(reset)
