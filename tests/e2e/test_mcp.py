@@ -79,6 +79,15 @@ async def tool_names(server: AppServer, token: str) -> set[str]:
         return {t.name for t in (await session.list_tools()).tools}
 
 
+async def client_status(server: AppServer, token: str) -> int:
+    """The HTTP status the official client stopped at (it raises inside its task group)."""
+    with pytest.raises(ExceptionGroup) as caught:
+        await tool_names(server, token)
+    [error] = caught.value.exceptions
+    assert isinstance(error, httpx.HTTPStatusError)
+    return error.response.status_code
+
+
 async def test_no_or_a_bad_token_gets_a_bearer_challenge(app_server: AppServer) -> None:
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
     accept = {"Accept": "application/json, text/event-stream"}
@@ -96,8 +105,7 @@ async def test_no_or_a_bad_token_gets_a_bearer_challenge(app_server: AppServer) 
     assert 'error="invalid_token"' in bad.headers["www-authenticate"]
     assert garbage.status_code == 401
     # The official client gets the 401 too and nothing runs.
-    with pytest.raises(Exception):  # noqa: B017, PT011 (the SDK wraps the HTTP error)
-        await tool_names(app_server, "cairn_pat_nope")
+    assert await client_status(app_server, "cairn_pat_nope") == 401
 
 
 async def test_every_tool_and_a_plan_paused_in_one_call_resumed_in_another(
@@ -244,6 +252,22 @@ async def test_limits_give_clear_errors_and_every_call_is_logged(
     assert "status=over_budget" in server_log
 
 
+async def test_the_assistant_over_mcp_uses_the_callers_own_memories(
+    app_server: AppServer, cookies: dict[str, str]
+) -> None:
+    alice = (await make_token(app_server, cookies["alice"], scopes=["assistant"]))["token"]
+    bob = (await make_token(app_server, cookies["bob"], scopes=["assistant"]))["token"]
+    saved = await call(app_server, alice, "ask_assistant", message="remember that I like jazz")
+    assert saved["status"] == "done"
+    # A new conversation recalls what the earlier one saved, for Alice only.
+    hers = await call(app_server, alice, "ask_assistant", message="What music should I play?")
+    assert hers["thread_id"] != saved["thread_id"]
+    assert "jazz" in hers["reply"]
+    his = await call(app_server, bob, "ask_assistant", message="What music should I play?")
+    assert "jazz" not in his["reply"]
+
+
+# Last: it wipes Bob's account (his session cookie ends with it).
 async def test_a_revoked_token_and_a_wiped_account_get_401(
     app_server: AppServer, cookies: dict[str, str]
 ) -> None:
@@ -284,5 +308,4 @@ async def test_a_revoked_token_and_a_wiped_account_get_401(
         )
         assert wiped.status_code == 200, wiped.text
         assert wiped.json()["leftovers"]["tokens"] == 0
-    with pytest.raises(Exception):  # noqa: B017, PT011 (the SDK wraps the 401)
-        await call(app_server, other["token"], "ask_assistant", message="after the wipe")
+    assert await client_status(app_server, other["token"]) == 401
