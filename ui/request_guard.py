@@ -204,6 +204,10 @@ RULES = (
     # Custom elements, which the app does not use; Chainlit deletes one by id in any thread.
     Rule("PUT", _path("/project/element"), closed=_always),
     Rule("DELETE", _path("/project/element"), closed=_always),
+    # Chainlit's MCP client routes are never reached: Cairn's MCP server (ui/mcp_server.py)
+    # is mounted in front of them at the same path and checks its own bearer tokens.
+    Rule("POST", _path("/mcp")),
+    Rule("DELETE", _path("/mcp")),
     Rule("POST", _path("/project/file"), session_query=True),
     Rule("GET", _path("/project/file/[^/]*"), session_query=True),
 )
