@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,7 +38,7 @@ from ui.output_guard import sanitise_report
 from ui.surface import HeadlessSurface, HeadlessView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from starlette.types import Receive, Scope, Send
 
@@ -52,6 +53,8 @@ PATH = "/mcp"
 TOKEN_KEY = "cairn.access_token"  # noqa: S105 (a scope key, not a secret)
 """Where the authenticated token travels in the ASGI scope to the tool handlers."""
 CHALLENGE = 'Bearer realm="cairn"'
+KEEP_ALIVE_S = 15.0
+"""How often a caller waiting on a run hears that it is still going."""
 TOOL_NAMES = {"assistant": "ask_assistant", "research": "research", "planner": "run_planner"}
 """The tool that starts a run of each agent (answer_approval continues any of them)."""
 NOT_WAITING = "Nothing in that conversation is waiting for an answer."
@@ -113,6 +116,17 @@ class ModelCallBudget(AsyncCallbackHandler):
 
 _budget: ContextVar[ModelCallBudget | None] = ContextVar("cairn_mcp_budget", default=None)
 register_configure_hook(_budget, inheritable=True)
+
+
+@contextmanager
+def counted(budget: ModelCallBudget) -> Iterator[None]:
+    """Every model call made inside (in this task and the tasks it starts) counts against
+    `budget`."""
+    reset = _budget.set(budget)
+    try:
+        yield
+    finally:
+        _budget.reset(reset)
 
 
 class McpView(HeadlessView):
@@ -235,12 +249,12 @@ class McpEndpoint:
             instructions=INSTRUCTIONS,
             streamable_http_path=PATH,
             stateless_http=True,
-            json_response=True,
             transport_security=_transport_security(public_url, settings),
         )
         self._register_tools()
         self.server.streamable_http_app()  # creates the session manager
         self._task: asyncio.Task[None] | None = None
+        self._runs: set[asyncio.Task[dict[str, Any]]] = set()
         self._stopping = asyncio.Event()
 
     # -- lifetime -----------------------------------------------------------------------
@@ -372,7 +386,7 @@ class McpEndpoint:
                 outcome = await self._pre_approve(surface, runner, spec, call, outcome)
             return outcome
 
-        return await self._tracked(call, spec, run)
+        return await self._tracked(ctx, call, spec, run)
 
     async def _pre_approve(
         self, surface: McpSurface, runner: Runner, spec: AgentSpec, call: Call, outcome: RunOutcome
@@ -432,7 +446,7 @@ class McpEndpoint:
                 ask=edited,
             )
 
-        return await self._tracked(Call(token, "answer_approval", thread_id), spec, run)
+        return await self._tracked(ctx, Call(token, "answer_approval", thread_id), spec, run)
 
     async def _check_thread(self, token: TokenInfo, thread_id: str, agent: str) -> None:
         try:
@@ -444,19 +458,34 @@ class McpEndpoint:
             raise ToolError(msg)
 
     async def _tracked(
-        self, call: Call, spec: AgentSpec, run: Callable[[McpSurface], Any]
+        self, ctx: Context, call: Call, spec: AgentSpec, run: Callable[[McpSurface], Any]
     ) -> dict[str, Any]:
-        """The run within the token's limits and model-call budget, logged with its token id."""
-        tokens = self.tokens()
+        """The run within the token's limits and model-call budget, logged with its token id.
+
+        It runs as its own task: a caller that disconnects does not cut it off half-way (its
+        result stays in the conversation, under the returned thread id). While it works, a log
+        message every KEEP_ALIVE_S keeps the caller's stream from timing out."""
         try:
-            call_id = await tokens.begin_call(call.token, call.tool, call.thread_id)
+            call_id = await self.tokens().begin_call(call.token, call.tool, call.thread_id)
         except LimitExceeded as exc:
             raise ToolError(str(exc)) from None
+        work = asyncio.create_task(self._limited(call, call_id, spec, run))
+        self._runs.add(work)
+        work.add_done_callback(self._runs.discard)
+        beat = asyncio.create_task(_keep_alive(ctx, call))
+        try:
+            return await asyncio.shield(work)
+        finally:
+            beat.cancel()
+
+    async def _limited(
+        self, call: Call, call_id: int, spec: AgentSpec, run: Callable[[McpSurface], Any]
+    ) -> dict[str, Any]:
         surface = McpSurface()
-        reset = _budget.set(call.budget)
         status, detail = "failed", None
         try:
-            outcome: RunOutcome = await run(surface)
+            with counted(call.budget):
+                outcome: RunOutcome = await run(surface)
             status = outcome.status
             if call.budget.exceeded:
                 status = "over_budget"
@@ -469,8 +498,7 @@ class McpEndpoint:
                 # without its steps): the question is still waiting.
                 detail = _refusal(outcome, surface)
         finally:
-            _budget.reset(reset)
-            await tokens.finish_call(
+            await self.tokens().finish_call(
                 call_id,
                 status=status,
                 thread_id=call.thread_id,
@@ -509,6 +537,16 @@ class McpEndpoint:
             result.update(research_result(surface.values, self.public_url))
             result["reply"] = result["report"]
         return result
+
+
+async def _keep_alive(ctx: Context, call: Call) -> None:
+    while True:
+        await asyncio.sleep(KEEP_ALIVE_S)
+        try:
+            await ctx.info(f"{call.tool} is still running ({call.budget.calls} model calls so far)")
+        except Exception as exc:  # the caller went away; the run goes on
+            log.info("token %s: progress not delivered: %s", call.token.id, exc)
+            return
 
 
 def _token(ctx: Context) -> TokenInfo:

@@ -59,7 +59,8 @@ async def call(server: AppServer, token: str, tool: str, **arguments: Any) -> di
     text = "".join(getattr(c, "text", "") for c in result.content)
     if result.isError:
         raise McpError(text)
-    return dict(result.structuredContent or json.loads(text))
+    assert result.structuredContent == json.loads(text)  # structured, and the same as text
+    return dict(result.structuredContent)
 
 
 async def refused(server: AppServer, token: str, tool: str, **arguments: Any) -> str:

@@ -18,8 +18,8 @@ from ui.agents import AGENTS
 from ui.mcp_server import (
     BudgetExceeded,
     ModelCallBudget,
-    _budget,
     approval,
+    counted,
     low_risk,
     research_result,
 )
@@ -119,15 +119,12 @@ async def test_the_budget_counts_every_model_call_in_the_run_and_stops_past_it()
         return await model.with_structured_output(Answer).ainvoke([HumanMessage("hi")])
 
     budget = ModelCallBudget(2)
-    reset = _budget.set(budget)
-    try:
+    with counted(budget):
         await RunnableLambda(node).ainvoke({})
         assert budget.calls == 2
         assert not budget.exceeded
         with pytest.raises(BudgetExceeded):
             await RunnableLambda(node).ainvoke({})
-    finally:
-        _budget.reset(reset)
     assert budget.exceeded
     # Outside an MCP call nothing is counted.
     await RunnableLambda(node).ainvoke({})
