@@ -257,7 +257,7 @@ class AccessTokens:
                     token.id,
                     token.user_id,
                     tool,
-                    thread_id,
+                    (thread_id or "")[:200] or None,
                     "refused" if refusal else "running",
                     refusal,
                     datetime.now(UTC) if refusal else None,
@@ -269,6 +269,17 @@ class AccessTokens:
             log.warning("token %s: %s refused: %s", token.id, tool, refusal)
             raise LimitExceeded(refusal)
         return int(row["id"])
+
+    async def log_refusal(
+        self, token: TokenInfo, tool: str, thread_id: str | None, reason: str
+    ) -> None:
+        """A call refused before it ran (scope, input, thread): logged, never counted."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_token_calls (token_id, user_id, tool, thread_id, status, "
+                "detail, finished_at) VALUES (%s, %s, %s, %s, 'refused', %s, now())",
+                (token.id, token.user_id, tool, (thread_id or "")[:200] or None, reason[:500]),
+            )
 
     async def finish_call(
         self,

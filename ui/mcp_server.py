@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,7 +38,7 @@ from ui.output_guard import sanitise_report
 from ui.surface import HeadlessSurface, HeadlessView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from starlette.types import Receive, Scope, Send
 
@@ -73,6 +73,10 @@ INSTRUCTIONS = (
 
 
 OFFLINE_STRUCTURED = "OfflineStructuredOutput"
+
+
+class Logged(ToolError):
+    """A tool error already recorded in the token's call log."""
 
 
 class BudgetExceeded(Exception):
@@ -358,6 +362,22 @@ class McpEndpoint:
         pre_approve: bool = False,
     ) -> dict[str, Any]:
         token = _token(ctx)
+        async with self._refusals_logged(token, TOOL_NAMES[agent], thread_id):
+            return await self._start(
+                ctx, token, agent, text, thread_id, temporary=temporary, pre_approve=pre_approve
+            )
+
+    async def _start(
+        self,
+        ctx: Context,
+        token: TokenInfo,
+        agent: str,
+        text: str,
+        thread_id: str | None,
+        *,
+        temporary: bool,
+        pre_approve: bool,
+    ) -> dict[str, Any]:
         _in_scope(token, agent)
         text = text.strip()
         if not text or len(text) > self.settings.max_message_chars:
@@ -417,6 +437,18 @@ class McpEndpoint:
         interrupt_id: str | None,
     ) -> dict[str, Any]:
         token = _token(ctx)
+        async with self._refusals_logged(token, "answer_approval", thread_id):
+            return await self._resume(ctx, token, thread_id, decision, edit, interrupt_id)
+
+    async def _resume(
+        self,
+        ctx: Context,
+        token: TokenInfo,
+        thread_id: str,
+        decision: str,
+        edit: str | None,
+        interrupt_id: str | None,
+    ) -> dict[str, Any]:
         runner = self.runner()
         try:
             owned = await runner.threads.require(thread_id=thread_id, user_id=token.user_id)
@@ -448,6 +480,26 @@ class McpEndpoint:
 
         return await self._tracked(ctx, Call(token, "answer_approval", thread_id), spec, run)
 
+    @asynccontextmanager
+    async def _refusals_logged(
+        self, token: TokenInfo, tool: str, thread_id: str | None
+    ) -> AsyncIterator[None]:
+        """A call refused before its run started is logged with its token id too."""
+        try:
+            yield
+        except Logged:
+            raise
+        except ToolError as exc:
+            await self.tokens().log_refusal(token, tool, thread_id, str(exc))
+            log.info(
+                "mcp call token=%s user=%s tool=%s thread=%s status=refused",
+                token.id,
+                token.user_id,
+                tool,
+                thread_id,
+            )
+            raise
+
     async def _check_thread(self, token: TokenInfo, thread_id: str, agent: str) -> None:
         try:
             owned = await self.runner().threads.require(thread_id=thread_id, user_id=token.user_id)
@@ -468,7 +520,7 @@ class McpEndpoint:
         try:
             call_id = await self.tokens().begin_call(call.token, call.tool, call.thread_id)
         except LimitExceeded as exc:
-            raise ToolError(str(exc)) from None
+            raise Logged(str(exc)) from None
         work = asyncio.create_task(self._limited(call, call_id, spec, run))
         self._runs.add(work)
         work.add_done_callback(self._runs.discard)
@@ -515,7 +567,7 @@ class McpEndpoint:
                 call.budget.calls,
             )
         if detail is not None:
-            raise ToolError(detail)
+            raise Logged(detail)
         return self._result(call, spec, outcome, surface)
 
     def _result(

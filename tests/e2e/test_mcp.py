@@ -205,11 +205,29 @@ async def test_another_users_thread_is_refused_like_a_missing_one(
 async def test_scopes_and_pre_approval_are_the_token_owners_choice(
     app_server: AppServer, cookies: dict[str, str]
 ) -> None:
-    assistant_only = (await make_token(app_server, cookies["alice"], scopes=["assistant"]))["token"]
+    limited = await make_token(app_server, cookies["alice"], scopes=["assistant"])
+    assistant_only = limited["token"]
     assert "may not use the planner agent" in await refused(
         app_server, assistant_only, "run_planner", goal=GOAL
     )
     plain = (await make_token(app_server, cookies["alice"]))["token"]
+    # Nor may it answer a plan of the same user's (made with another token).
+    paused = await call(app_server, plain, "run_planner", goal=GOAL)
+    assert "may not use the planner agent" in await refused(
+        app_server,
+        assistant_only,
+        "answer_approval",
+        thread_id=paused["thread_id"],
+        decision="approve",
+    )
+    async with httpx.AsyncClient(base_url=app_server.url, timeout=30) as http:
+        logged = await http.get(
+            f"/api/tokens/{limited['id']}/calls", headers={"Cookie": cookies["alice"]}
+        )
+    assert [(c["tool"], c["status"]) for c in logged.json()["calls"]] == [
+        ("answer_approval", "refused"),
+        ("run_planner", "refused"),
+    ]
     assert "does not allow pre-approval" in await refused(
         app_server, plain, "run_planner", goal=GOAL, pre_approve=True
     )
