@@ -34,6 +34,7 @@ from auth.ownership import NOT_FOUND, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
 from graphs.research.citations import CITATION, claim_lines
 from ui.agents.research import cited_urls, served_links
+from ui.data_layer import add_outside_turn, append_message
 from ui.output_guard import sanitise_report
 from ui.surface import HeadlessSurface, HeadlessView
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from auth.tokens import AccessTokens, TokenInfo
     from graphs.core.context import Context as RunContext
+    from graphs.core.pool import Pool
     from graphs.core.settings import Settings
     from ui.runner import AgentSpec, LoadState, Runner, RunOutcome, Status, View
 
@@ -241,11 +243,13 @@ class McpEndpoint:
         *,
         settings: Settings,
         public_url: str,
+        pool: Pool,
         runner: Callable[[], Runner],
         tokens: Callable[[], AccessTokens],
     ) -> None:
         self.settings = settings
         self.public_url = public_url
+        self.pool = pool
         self.runner = runner
         self.tokens = tokens
         self.server = FastMCP(
@@ -393,6 +397,7 @@ class McpEndpoint:
         call = Call(token, TOOL_NAMES[agent], thread_id or str(uuid.uuid4()))
 
         async def run(surface: McpSurface) -> RunOutcome:
+            await self._show_in_chat(token, str(call.thread_id), spec, text)
             outcome = await runner.message(
                 surface,
                 user_id=token.user_id,
@@ -568,7 +573,19 @@ class McpEndpoint:
             )
         if detail is not None:
             raise Logged(detail)
-        return self._result(call, spec, outcome, surface)
+        result = self._result(call, spec, outcome, surface)
+        if result.get("reply") and call.thread_id is not None:
+            await append_message(self.pool, call.thread_id, result["reply"], author=spec.profile)
+        return result
+
+    async def _show_in_chat(
+        self, token: TokenInfo, thread_id: str, spec: AgentSpec, text: str
+    ) -> None:
+        """The conversation in the user's chat sidebar too, with what was asked over MCP.
+        The thread is the caller's (checked) or new (its id chosen here)."""
+        await add_outside_turn(
+            self.pool, thread_id=thread_id, user_id=token.user_id, profile=spec.profile, text=text
+        )
 
     def _result(
         self, call: Call, spec: AgentSpec, outcome: RunOutcome, surface: McpSurface

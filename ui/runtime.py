@@ -143,6 +143,7 @@ def prepare(app: FastAPI) -> AppRuntime:
     mcp = McpEndpoint(
         settings=settings,
         public_url=public_url,
+        pool=pool,
         runner=lambda: get_runtime().runner,
         tokens=_tokens,
     )

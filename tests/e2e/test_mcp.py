@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -128,6 +129,23 @@ async def test_every_tool_and_a_plan_paused_in_one_call_resumed_in_another(
     )
     assert again["thread_id"] == first["thread_id"]
     assert "You said: and again" in again["reply"]
+    # The conversation is in Alice's chat sidebar too, opening in the Assistant's profile.
+    with psycopg.connect(app_server.database_url, autocommit=True) as conn:
+        thread = conn.execute(
+            'SELECT t.name, t.metadata, u.identifier FROM "Thread" t '
+            'JOIN "User" u ON u.id = t."userId" WHERE t.id = %s',
+            (first["thread_id"],),
+        ).fetchone()
+        steps = conn.execute(
+            'SELECT type, output FROM "Step" WHERE "threadId" = %s ORDER BY "createdAt"',
+            (first["thread_id"],),
+        ).fetchall()
+    assert thread is not None
+    assert thread[0] == "hello over MCP"
+    assert thread[1] == {"chat_profile": "Assistant"}
+    assert thread[2].startswith("cairn:")
+    assert [t for t, _ in steps] == ["user_message", "assistant_message"] * 2
+    assert [o for t, o in steps if t == "user_message"] == ["hello over MCP", "and again"]
 
     paused = await call(app_server, token, "run_planner", goal=GOAL)
     assert paused["status"] == "paused"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import psycopg
 import pytest
@@ -9,9 +12,11 @@ from playwright.sync_api import expect
 
 from auth.tokens import hash_token
 from tests.e2e.conftest import login
+from tests.e2e.test_mcp import call
 
 pytestmark = pytest.mark.e2e
 
+ASKED = "hello from my editor"
 TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
 ACCEPT = "application/json, text/event-stream"
 
@@ -49,6 +54,13 @@ def test_make_use_and_revoke_a_token(app_server, browser):
     assert token not in page.content()
 
     assert mcp_status(app_server, token) == 200
+    # A conversation held over MCP opens in the chat like any other.
+    with ThreadPoolExecutor(1) as pool:  # the MCP client in its own event loop
+        done = pool.submit(asyncio.run, call(app_server, token, "ask_assistant", message=ASKED))
+        thread_id = done.result(timeout=120)["thread_id"]
+    page.goto(f"{app_server.url}/thread/{thread_id}")
+    expect(page.get_by_text(f"You said: {ASKED}").last).to_be_visible()
+    page.goto(f"{app_server.url}/tokens")
     page.locator("li.token", has_text="my editor").get_by_role("button", name="Revoke").click()
     expect(page.locator("li.token", has_text="my editor")).to_contain_text("revoked")
     assert mcp_status(app_server, token) == 401
