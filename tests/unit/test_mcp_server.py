@@ -129,3 +129,70 @@ async def test_the_budget_counts_every_model_call_in_the_run_and_stops_past_it()
     # Outside an MCP call nothing is counted.
     await RunnableLambda(node).ainvoke({})
     assert budget.calls == 3
+
+
+class FakeTokens:
+    """The token store's call log, in memory (the real one is tested on Postgres)."""
+
+    def __init__(self) -> None:
+        self.finished: list[str] = []
+
+    async def begin_call(self, token: TokenInfo, tool: str, thread_id: str | None) -> int:
+        return 1
+
+    async def finish_call(self, call_id: int, *, status: str, **_: Any) -> None:
+        self.finished.append(status)
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    async def info(self, text: str) -> None:
+        self.said.append(text)
+
+
+def endpoint(tokens: FakeTokens) -> Any:
+    from graphs.core.settings import Settings
+    from ui.mcp_server import McpEndpoint
+
+    return McpEndpoint(
+        settings=Settings(),
+        public_url="http://localhost:8000",
+        pool=None,  # type: ignore[arg-type]
+        runner=lambda: None,  # type: ignore[arg-type,return-value]
+        tokens=lambda: tokens,  # type: ignore[arg-type,return-value]
+    )
+
+
+async def test_a_run_outlives_a_caller_that_went_away_and_is_still_logged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from ui import mcp_server
+    from ui.runner import RunOutcome
+
+    monkeypatch.setattr(mcp_server, "KEEP_ALIVE_S", 0.01)
+    tokens, ctx, release = FakeTokens(), FakeContext(), asyncio.Event()
+    mcp = endpoint(tokens)
+
+    async def run(_surface: Any) -> RunOutcome:
+        await release.wait()
+        return RunOutcome("done")
+
+    call = mcp_server.Call(token(), "ask_assistant", "thread-1")
+    caller = asyncio.create_task(mcp._tracked(ctx, call, PLANNER, run))
+    while len(ctx.said) < 2:  # the caller hears that the run is still going
+        await asyncio.sleep(0.01)
+    assert "still running" in ctx.said[0]
+    caller.cancel()  # the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    said = len(ctx.said)
+    release.set()
+    while not tokens.finished:
+        await asyncio.sleep(0.01)
+    assert tokens.finished == ["done"]  # the run finished and was logged
+    await asyncio.sleep(0.05)
+    assert len(ctx.said) == said  # nobody is told any more
