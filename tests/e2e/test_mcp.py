@@ -153,6 +153,21 @@ async def test_every_tool_and_a_plan_paused_in_one_call_resumed_in_another(
     assert pending["kind"] == "planner_review"
     assert pending["plan"]
     assert set(pending["decisions"]) == {"approve", "edit", "reject"}
+    # An edit's steps become the plan word for word, and come back for review.
+    steps = [
+        "List the tables available in the analytics database",
+        "Count churned customers by region for the latest quarter in churn_events",
+    ]
+    edited = await call(
+        app_server,
+        token,
+        "answer_approval",
+        thread_id=paused["thread_id"],
+        decision="edit",
+        edit="\n".join(steps),
+    )
+    assert edited["status"] == "paused"
+    assert edited["approval"][0]["plan"] == steps
     done = await call(
         app_server, token, "answer_approval", thread_id=paused["thread_id"], decision="approve"
     )
