@@ -248,3 +248,35 @@ async def append_message(pool: Pool, thread_id: str, text: str, *, author: str =
             "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %s",
             (str(uuid.uuid4()), author, text, thread_id),
         )
+
+
+async def add_outside_turn(
+    pool: Pool, *, thread_id: str, user_id: str, profile: str, text: str
+) -> None:
+    """A message sent from outside the chat (over MCP): the conversation is created in the
+    user's sidebar if it is new (named after its first message, opening in its agent's
+    profile), and the message added to it. The caller has checked ownership (cairn_threads);
+    a Thread row of another user is never touched, nor one of a deleted conversation."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            'INSERT INTO "Thread" (id, name, metadata, "userId", "updatedAt") '
+            'SELECT %(thread)s, %(name)s, %(metadata)s, u.id, now() FROM "User" u '
+            "WHERE u.identifier = %(user)s "
+            "AND NOT EXISTS (SELECT 1 FROM cairn_deleted_threads WHERE thread_id = %(thread)s) "
+            'ON CONFLICT (id) DO UPDATE SET "updatedAt" = now() '
+            'WHERE "Thread"."userId" = EXCLUDED."userId"',
+            {
+                "thread": thread_id,
+                "name": text[:100],
+                "metadata": json.dumps({"chat_profile": profile}),
+                "user": user_id,
+            },
+        )
+        await conn.execute(
+            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+            '"endTime", "createdAt", "showInput", "isError") '
+            "SELECT %s, t.id, 'user', 'user_message', %s, '{}', n.t, n.t, n.t, 'json', false "
+            'FROM "Thread" t JOIN "User" u ON u.id = t."userId", '
+            "(SELECT now() AT TIME ZONE 'UTC' AS t) AS n WHERE t.id = %s AND u.identifier = %s",
+            (str(uuid.uuid4()), text, thread_id, user_id),
+        )

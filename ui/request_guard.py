@@ -183,10 +183,6 @@ def _sharing_off() -> bool:
     return not chainlit_config.features.allow_thread_sharing
 
 
-def _mcp_off() -> bool:
-    return not chainlit_config.features.mcp.enabled
-
-
 def _always() -> bool:
     return True
 
@@ -208,8 +204,10 @@ RULES = (
     # Custom elements, which the app does not use; Chainlit deletes one by id in any thread.
     Rule("PUT", _path("/project/element"), closed=_always),
     Rule("DELETE", _path("/project/element"), closed=_always),
-    Rule("POST", _path("/mcp"), closed=_mcp_off),
-    Rule("DELETE", _path("/mcp"), closed=_mcp_off),
+    # Chainlit's MCP client routes are never reached: Cairn's MCP server (ui/mcp_server.py)
+    # is mounted in front of them at the same path and checks its own bearer tokens.
+    Rule("POST", _path("/mcp")),
+    Rule("DELETE", _path("/mcp")),
     Rule("POST", _path("/project/file"), session_query=True),
     Rule("GET", _path("/project/file/[^/]*"), session_query=True),
 )

@@ -13,6 +13,7 @@ from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
 from auth.sessions import EndedSessionGuard, SessionRevocations
+from auth.tokens import AccessTokens
 from graphs.assistant.offline import offline_assistant
 from graphs.core.models import chat_model
 from graphs.core.persistence import (
@@ -32,12 +33,14 @@ from ui.agents import AGENTS
 from ui.agents.research import corpus_router
 from ui.chainlit_patches import mount_before_catch_all
 from ui.limits import UploadSizeLimit
+from ui.mcp_server import McpEndpoint
 from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
 from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
+from ui.tokens_page import build_router as build_tokens_router
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -59,6 +62,10 @@ class AppRuntime:
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
     tracing: Tracing | None = None
+    tokens: AccessTokens | None = None
+    """Personal access tokens for the MCP endpoint."""
+    mcp: McpEndpoint | None = None
+    """The agents as MCP tools at /mcp (ui/mcp_server.py)."""
     _privacy: Privacy | None = None
     _runner: Runner | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -143,6 +150,16 @@ def prepare(app: FastAPI) -> AppRuntime:
             lambda: pool,
         ),
     )
+    mount_before_catch_all(app, build_tokens_router())
+    mcp = McpEndpoint(
+        settings=settings,
+        public_url=public_url,
+        pool=pool,
+        runner=lambda: get_runtime().runner,
+        tokens=_tokens,
+    )
+    # In front of Chainlit's own /mcp routes (its MCP client feature, switched off here).
+    mount_before_catch_all(app, mcp.router())
     _runtime = AppRuntime(
         settings=settings,
         pool=pool,
@@ -150,8 +167,15 @@ def prepare(app: FastAPI) -> AppRuntime:
         accounts=accounts,
         run_locks=ThreadRunLocks(pool),
         tracing=configure_tracing(settings, auth_secret=auth_secret),
+        mcp=mcp,
     )
     return _runtime
+
+
+def _tokens() -> AccessTokens:
+    tokens = get_runtime().tokens
+    assert tokens is not None
+    return tokens
 
 
 def _revocations() -> SessionRevocations | None:
@@ -206,7 +230,10 @@ async def start() -> None:
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
     )
     runtime.memory_jobs.start_worker()
+    runtime.tokens = AccessTokens(runtime.pool, cut_off=runtime.revocations)
     runtime.persistence = persistence
+    if runtime.mcp is not None:
+        await runtime.mcp.start()
     log.info(
         "Cairn is ready at %s (offline model: %s)", runtime.public_url, runtime.settings.offline
     )
@@ -228,6 +255,8 @@ async def stop() -> None:
         return
     for task in _runtime.background:
         task.cancel()
+    if _runtime.mcp is not None:
+        await _runtime.mcp.stop()
     if _runtime.memory_jobs is not None:
         await _runtime.memory_jobs.stop()
     if _runtime.run_locks is not None:

@@ -247,6 +247,43 @@ CREATE INDEX IF NOT EXISTS cairn_runs_heartbeat ON cairn_runs (heartbeat_at)
     WHERE status = 'running';
 """
 
+ACCESS_TOKENS_SQL = """
+-- Personal access tokens for the agents' MCP endpoint (auth/tokens.py): only a hash of each
+-- token is kept. A token acts as its user, within its scopes (agent keys) and limits.
+CREATE TABLE IF NOT EXISTS cairn_access_tokens (
+    id text PRIMARY KEY,
+    user_id text NOT NULL,
+    name text NOT NULL,
+    token_hash text NOT NULL UNIQUE,
+    hint text NOT NULL,
+    scopes text[] NOT NULL,
+    pre_approve boolean NOT NULL DEFAULT false,
+    max_concurrent integer NOT NULL CHECK (max_concurrent > 0),
+    max_runs_per_hour integer NOT NULL CHECK (max_runs_per_hour > 0),
+    max_model_calls integer NOT NULL CHECK (max_model_calls > 0),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    last_used_at timestamptz,
+    revoked_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS cairn_access_tokens_user ON cairn_access_tokens (user_id);
+-- Every call made with a token (the audit log, and what its limits count across workers).
+CREATE TABLE IF NOT EXISTS cairn_token_calls (
+    id bigserial PRIMARY KEY,
+    token_id text NOT NULL,
+    user_id text NOT NULL,
+    tool text NOT NULL,
+    thread_id text,
+    status text NOT NULL DEFAULT 'running',
+    detail text,
+    model_calls integer NOT NULL DEFAULT 0,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS cairn_token_calls_token ON cairn_token_calls (token_id, started_at);
+CREATE INDEX IF NOT EXISTS cairn_token_calls_user ON cairn_token_calls (user_id);
+"""
+
 ANALYTICS_DEMO_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {DEMO_SCHEMA};
 
@@ -407,6 +444,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0008_runs", RUNS_SQL),
     Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
     Migration("0101_embedding_reembed", REEMBED_SQL),
+    Migration("0102_access_tokens", ACCESS_TOKENS_SQL),
 )
 
 

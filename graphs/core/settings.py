@@ -135,6 +135,17 @@ class Settings(BaseSettings):
     # Operator signals.
     metrics_token: SecretStr | None = None
     """Bearer token a Prometheus scraper sends to /metrics. Unset: /metrics is not served."""
+    # The agents over MCP (/mcp, personal access tokens).
+    mcp_enabled: bool = True
+    """Serve the agents as MCP tools at /mcp to holders of a personal access token."""
+    mcp_token_max_days: int = Field(default=90, ge=1, le=365)
+    """The longest a personal access token may live."""
+    mcp_max_concurrent: int = Field(default=2, ge=1, le=20)
+    """Runs one token may have going at once (the most a user may choose)."""
+    mcp_max_runs_per_hour: int = Field(default=30, ge=1, le=1000)
+    """Runs one token may start in an hour (the most a user may choose)."""
+    mcp_max_model_calls: int = Field(default=60, ge=1, le=1000)
+    """Model calls one run of one token may make (the most a user may choose)."""
 
     # Input limits.
     max_message_chars: int = Field(default=8000, ge=1)

@@ -242,6 +242,10 @@ class Privacy:
             await conn.execute('DELETE FROM "User" WHERE identifier = %s', (user_id,))
             await conn.execute("DELETE FROM memory_dead_letters WHERE user_id = %s", (user_id,))
             await conn.execute("DELETE FROM cairn_retention WHERE user_id = %s", (user_id,))
+            # Personal access tokens (auth/tokens.py) and their call log: already refused by
+            # the session cut-off above, now gone.
+            await conn.execute("DELETE FROM cairn_access_tokens WHERE user_id = %s", (user_id,))
+            await conn.execute("DELETE FROM cairn_token_calls WHERE user_id = %s", (user_id,))
         await self._step(report, "conversations_deleted")
         # No job can run for this user any more, so the forget records can go too.
         async with memory.locked():
@@ -289,6 +293,8 @@ class Privacy:
                 " (SELECT count(*) FROM procrastinate_jobs WHERE args->>'user_id' = %(u)s"
                 "   AND status = 'todo') AS jobs,"
                 " (SELECT count(*) FROM memory_dead_letters WHERE user_id = %(u)s) AS dead,"
+                " (SELECT count(*) FROM cairn_access_tokens WHERE user_id = %(u)s)"
+                " + (SELECT count(*) FROM cairn_token_calls WHERE user_id = %(u)s) AS tokens,"
                 " (SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%(t)s))"
                 " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))"
                 " + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s))"

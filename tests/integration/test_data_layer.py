@@ -17,7 +17,7 @@ from fastapi import HTTPException
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
 from ui.chainlit_patches import require_thread_author, write_assistant_message
-from ui.data_layer import PostgresDataLayer
+from ui.data_layer import PostgresDataLayer, add_outside_turn
 
 pytestmark = pytest.mark.integration
 
@@ -349,3 +349,33 @@ async def test_a_reply_written_outside_a_chat_session_shows_when_the_thread_is_r
     assert (
         await count(persistence, 'SELECT count(*) AS n FROM "Thread" WHERE id = %s', missing) == 0
     )
+
+
+async def test_a_turn_from_outside_the_chat_shows_in_the_owners_conversation_only(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    alice = await new_user(layer, "alice")
+    mallory = await new_user(layer, "mallory")
+    thread_id = str(uuid.uuid4())
+
+    await add_outside_turn(
+        persistence.pool,
+        thread_id=thread_id,
+        user_id=alice.identifier,
+        profile="Planner",
+        text="Which region churned most?",
+    )
+    await add_outside_turn(
+        persistence.pool,
+        thread_id=thread_id,
+        user_id=mallory.identifier,
+        profile="Assistant",
+        text="pwned",
+    )
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert thread["userIdentifier"] == alice.identifier
+    assert thread["name"] == "Which region churned most?"
+    assert thread["metadata"] == {"chat_profile": "Planner"}
+    assert [s["output"] for s in thread["steps"]] == ["Which region churned most?"]

@@ -1,0 +1,323 @@
+"""Personal access tokens: a user's credential for the agents' MCP endpoint, standing for that
+user exactly like a web session (same user_id, same ownership checks, ended by a wipe).
+
+Only a SHA-256 of each token is stored; the token itself is shown once, when it is made. The
+secret part is 32 random bytes, so a plain hash is enough (nothing to brute-force). Each use is
+recorded in `cairn_token_calls`, which is both the audit log and what the per-token limits
+count, so the limits hold across workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from graphs.core.pool import Pool
+
+log = logging.getLogger("cairn.security")
+
+PREFIX = "cairn_pat_"
+"""Every token starts with this, so one pasted somewhere it should not be is recognisable."""
+SCOPES = ("assistant", "research", "planner")
+"""What a token may be allowed to call: one scope per agent."""
+RUN_WINDOW = timedelta(hours=1)
+"""Runs per hour count calls started in the last hour; a call still unfinished after that long
+is from a worker that died mid-run and no longer counts as running."""
+INVALID = "The access token is missing, invalid, expired or revoked."
+
+
+class SessionCutOff(Protocol):
+    """When a wipe ended every session of a user (auth.sessions.SessionRevocations)."""
+
+    async def is_revoked(self, user_id: str, issued_at: float | None) -> bool: ...
+
+
+class TokenRejected(PermissionError):
+    """No usable token: missing, unknown, expired, revoked, or its account was wiped."""
+
+    def __init__(self) -> None:
+        super().__init__(INVALID)
+
+
+class LimitExceeded(Exception):
+    """A per-token limit refused the call; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    max_concurrent: int
+    """Runs going at once."""
+    max_runs_per_hour: int
+    """Runs started in any hour."""
+    max_model_calls: int
+    """Model calls one run may make."""
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A stored token (never its secret)."""
+
+    id: str
+    user_id: str
+    name: str
+    hint: str
+    scopes: frozenset[str]
+    pre_approve: bool
+    """The user lets callers pre-approve low-risk plans with this token."""
+    limits: TokenLimits
+    created_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None and self.expires_at > datetime.now(UTC)
+
+    def public(self) -> dict[str, Any]:
+        """What the settings page shows about it."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "hint": f"{PREFIX}…{self.hint}",
+            "scopes": sorted(self.scopes),
+            "pre_approve": self.pre_approve,
+            "max_concurrent": self.limits.max_concurrent,
+            "max_runs_per_hour": self.limits.max_runs_per_hour,
+            "max_model_calls": self.limits.max_model_calls,
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+            "revoked": self.revoked_at is not None,
+            "active": self.active,
+        }
+
+
+@dataclass(frozen=True)
+class NewToken:
+    secret: str
+    """The token itself: shown to its owner once, never stored."""
+    info: TokenInfo
+
+
+def hash_token(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+# Constant column lists are the only text formatted into these statements.
+_COLUMNS = (
+    "id, user_id, name, hint, scopes, pre_approve, max_concurrent, max_runs_per_hour, "
+    "max_model_calls, created_at, expires_at, last_used_at, revoked_at"
+)
+
+
+def _info(row: dict[str, Any]) -> TokenInfo:
+    return TokenInfo(
+        id=row["id"],
+        user_id=row["user_id"],
+        name=row["name"],
+        hint=row["hint"],
+        scopes=frozenset(row["scopes"]),
+        pre_approve=bool(row["pre_approve"]),
+        limits=TokenLimits(
+            max_concurrent=int(row["max_concurrent"]),
+            max_runs_per_hour=int(row["max_runs_per_hour"]),
+            max_model_calls=int(row["max_model_calls"]),
+        ),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        last_used_at=row["last_used_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+class AccessTokens:
+    """The cairn_access_tokens and cairn_token_calls tables."""
+
+    def __init__(self, pool: Pool, *, cut_off: SessionCutOff | None = None) -> None:
+        self.pool = pool
+        self.cut_off = cut_off
+
+    async def create(
+        self,
+        user_id: str,
+        *,
+        name: str,
+        scopes: frozenset[str],
+        days: int,
+        limits: TokenLimits,
+        pre_approve: bool = False,
+    ) -> NewToken:
+        unknown = scopes - set(SCOPES)
+        if not scopes or unknown:
+            msg = f"scopes must be some of {', '.join(SCOPES)}"
+            raise ValueError(msg)
+        secret = PREFIX + secrets.token_urlsafe(32)
+        token_id = "tok_" + secrets.token_hex(8)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, scopes, "  # noqa: S608
+                "pre_approve, max_concurrent, max_runs_per_hour, max_model_calls, expires_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "now() + make_interval(days => %s)) "
+                f"RETURNING {_COLUMNS}",
+                (
+                    token_id,
+                    user_id,
+                    name,
+                    hash_token(secret),
+                    secret[-4:],
+                    sorted(scopes),
+                    pre_approve,
+                    limits.max_concurrent,
+                    limits.max_runs_per_hour,
+                    limits.max_model_calls,
+                    days,
+                ),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        log.info("access token %s created for user %s (scopes %s)", token_id, user_id, scopes)
+        return NewToken(secret=secret, info=_info(row))
+
+    async def owned(self, user_id: str) -> list[TokenInfo]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM cairn_access_tokens WHERE user_id = %s "  # noqa: S608
+                "ORDER BY created_at DESC",
+                (user_id,),
+            )
+            return [_info(row) for row in await cur.fetchall()]
+
+    async def revoke(self, user_id: str, token_id: str) -> bool:
+        """False when the user has no such token (someone else's looks the same)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE cairn_access_tokens SET revoked_at = COALESCE(revoked_at, now()) "
+                "WHERE id = %s AND user_id = %s",
+                (token_id, user_id),
+            )
+            done = cur.rowcount > 0
+        if done:
+            log.info("access token %s revoked by user %s", token_id, user_id)
+        else:
+            log.warning("refused or missing: user %s revoking token %s", user_id, token_id)
+        return done
+
+    async def verify(self, secret: str | None) -> TokenInfo:
+        """The live token for a presented secret, or TokenRejected."""
+        if not secret or not secret.startswith(PREFIX) or len(secret) > 200:
+            raise TokenRejected
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE cairn_access_tokens SET last_used_at = now() "  # noqa: S608
+                "WHERE token_hash = %s AND revoked_at IS NULL AND expires_at > now() "
+                f"RETURNING {_COLUMNS}",
+                (hash_token(secret),),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise TokenRejected
+        info = _info(row)
+        # A wipe ends every session of the account; a token made before it is one of them.
+        if self.cut_off is not None and await self.cut_off.is_revoked(
+            info.user_id, info.created_at.timestamp()
+        ):
+            raise TokenRejected
+        return info
+
+    async def begin_call(self, token: TokenInfo, tool: str, thread_id: str | None) -> int:
+        """Record a run starting, within the token's limits (LimitExceeded otherwise).
+
+        The token's row is locked while its calls are counted, so two workers cannot both
+        take the last free place.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT 1 FROM cairn_access_tokens WHERE id = %s FOR UPDATE", (token.id,)
+            )
+            cur = await conn.execute(
+                "SELECT count(*) FILTER (WHERE finished_at IS NULL) AS running, "
+                "count(*) AS started FROM cairn_token_calls "
+                "WHERE token_id = %s AND status <> 'refused' AND started_at > now() - %s",
+                (token.id, RUN_WINDOW),
+            )
+            counts = await cur.fetchone()
+            assert counts is not None
+            refusal = _over_limit(token.limits, int(counts["running"]), int(counts["started"]))
+            cur = await conn.execute(
+                "INSERT INTO cairn_token_calls (token_id, user_id, tool, thread_id, status, "
+                "detail, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                (
+                    token.id,
+                    token.user_id,
+                    tool,
+                    (thread_id or "")[:200] or None,
+                    "refused" if refusal else "running",
+                    refusal,
+                    datetime.now(UTC) if refusal else None,
+                ),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        if refusal:
+            log.warning("token %s: %s refused: %s", token.id, tool, refusal)
+            raise LimitExceeded(refusal)
+        return int(row["id"])
+
+    async def log_refusal(
+        self, token: TokenInfo, tool: str, thread_id: str | None, reason: str
+    ) -> None:
+        """A call refused before it ran (scope, input, thread): logged, never counted."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_token_calls (token_id, user_id, tool, thread_id, status, "
+                "detail, finished_at) VALUES (%s, %s, %s, %s, 'refused', %s, now())",
+                (token.id, token.user_id, tool, (thread_id or "")[:200] or None, reason[:500]),
+            )
+
+    async def finish_call(
+        self,
+        call_id: int,
+        *,
+        status: str,
+        thread_id: str | None,
+        model_calls: int,
+        detail: str | None = None,
+    ) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE cairn_token_calls SET status = %s, thread_id = COALESCE(%s, thread_id), "
+                "model_calls = %s, detail = %s, finished_at = now() WHERE id = %s",
+                (status, thread_id, model_calls, detail, call_id),
+            )
+
+    async def calls(self, token_id: str, user_id: str) -> list[dict[str, Any]]:
+        """A token's recent calls, for its owner."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT tool, thread_id, status, detail, model_calls, started_at, finished_at "
+                "FROM cairn_token_calls WHERE token_id = %s AND user_id = %s "
+                "ORDER BY id DESC LIMIT 100",
+                (token_id, user_id),
+            )
+            return [dict(row) for row in await cur.fetchall()]
+
+
+def _over_limit(limits: TokenLimits, running: int, started: int) -> str | None:
+    if running >= limits.max_concurrent:
+        return (
+            f"This token already has {running} run(s) going; its limit is "
+            f"{limits.max_concurrent} at once. Wait for one to finish."
+        )
+    if started >= limits.max_runs_per_hour:
+        return (
+            f"This token has started {started} runs in the last hour; its limit is "
+            f"{limits.max_runs_per_hour} per hour. Try again later."
+        )
+    return None

@@ -1,0 +1,108 @@
+// The access tokens page. Server values go in with textContent only (never innerHTML).
+"use strict";
+
+const HEADERS = { "Content-Type": "application/json", "X-Cairn-Request": "1" };
+const $ = (id) => document.getElementById(id);
+
+function say(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+async function api(method, url, body) {
+  const response = await fetch(url, {
+    method,
+    headers: HEADERS,
+    credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (response.status === 401) {
+    window.location.href = "/login";
+    throw new Error("Please sign in again.");
+  }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    throw new Error(typeof data.detail === "string" ? data.detail : "Something went wrong.");
+  }
+  return data;
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+const when = (iso) => (iso ? new Date(iso).toLocaleString() : "never");
+const numberOrNull = (id) => ($(id).value ? Number($(id).value) : null);
+
+function row(token) {
+  const item = el("li", undefined, "token");
+  item.dataset.id = token.id;
+  item.append(el("div", `${token.name} (${token.hint})`, "text"));
+  const state = token.revoked ? "revoked" : token.active ? "active" : "expired";
+  item.append(
+    el(
+      "div",
+      `${state} · agents: ${token.scopes.join(", ")} · expires ${when(token.expires_at)} · ` +
+        `last used ${when(token.last_used_at)} · ${token.max_concurrent} at once, ` +
+        `${token.max_runs_per_hour}/hour, ${token.max_model_calls} model calls per run` +
+        (token.pre_approve ? " · may pre-approve low-risk plans" : ""),
+      "meta",
+    ),
+  );
+  if (!token.revoked) {
+    const actions = el("div", undefined, "actions");
+    const revoke = el("button", "Revoke", "revoke destructive");
+    revoke.type = "button";
+    revoke.addEventListener("click", async () => {
+      try {
+        await api("POST", `/api/tokens/${encodeURIComponent(token.id)}/revoke`);
+        say(`Revoked ${token.name}.`);
+        await load();
+      } catch (error) {
+        say(error.message, true);
+      }
+    });
+    actions.append(revoke);
+    item.append(actions);
+  }
+  return item;
+}
+
+async function load() {
+  const data = await api("GET", "/api/tokens");
+  $("endpoint").textContent = data.endpoint;
+  $("token-days").max = data.limits.max_days;
+  $("token-concurrent").placeholder = data.limits.max_concurrent;
+  $("token-hourly").placeholder = data.limits.max_runs_per_hour;
+  $("token-calls").placeholder = data.limits.max_model_calls;
+  const list = $("tokens");
+  list.replaceChildren(...data.tokens.map(row));
+  if (!data.tokens.length) list.append(el("li", "No tokens yet.", "meta"));
+}
+
+$("create-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const scopes = [...document.querySelectorAll("input[name=scope]:checked")].map((i) => i.value);
+  try {
+    const made = await api("POST", "/api/tokens", {
+      name: $("token-name").value,
+      scopes,
+      days: Number($("token-days").value),
+      pre_approve: $("token-preapprove").checked,
+      max_concurrent: numberOrNull("token-concurrent"),
+      max_runs_per_hour: numberOrNull("token-hourly"),
+      max_model_calls: numberOrNull("token-calls"),
+    });
+    $("new-token-value").textContent = made.token;
+    $("new-token").hidden = false;
+    say(`Created ${made.name}.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+load().catch((error) => say(error.message, true));

@@ -1,0 +1,663 @@
+"""The agents as MCP tools at /mcp (the official SDK's streamable HTTP server), for callers
+holding a personal access token (auth/tokens.py).
+
+A token stands for its user exactly like a web session: every run goes through the one turn
+runner (ui/runner.py) with a headless surface, so thread ownership, memory scoping and the run
+lock are the chat's own. A run that pauses for a plan approval returns the pending plan and
+its thread id at once; `answer_approval` resumes it in a later call (the state is in the
+checkpoint, so any worker can). The server is stateless (no MCP session is kept in a worker's
+memory), so several workers behind a load balancer serve one caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter
+from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.tracers.context import register_configure_hook
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from auth.ownership import NOT_FOUND, ThreadNotFound
+from auth.tokens import INVALID, LimitExceeded, TokenRejected
+from graphs.research.citations import CITATION, claim_lines
+from ui.agents.research import cited_urls, served_links
+from ui.data_layer import add_outside_turn, append_message
+from ui.output_guard import sanitise_report
+from ui.surface import HeadlessSurface, HeadlessView
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterator
+
+    from starlette.types import Receive, Scope, Send
+
+    from auth.tokens import AccessTokens, TokenInfo
+    from graphs.core.context import Context as RunContext
+    from graphs.core.pool import Pool
+    from graphs.core.settings import Settings
+    from ui.runner import AgentSpec, LoadState, Runner, RunOutcome, Status, View
+
+log = logging.getLogger("cairn.mcp")
+
+PATH = "/mcp"
+TOKEN_KEY = "cairn.access_token"  # noqa: S105 (a scope key, not a secret)
+"""Where the authenticated token travels in the ASGI scope to the tool handlers."""
+CHALLENGE = 'Bearer realm="cairn"'
+KEEP_ALIVE_S = 15.0
+"""How often a caller waiting on a run hears that it is still going."""
+TOOL_NAMES = {"assistant": "ask_assistant", "research": "research", "planner": "run_planner"}
+"""The tool that starts a run of each agent (answer_approval continues any of them)."""
+NOT_WAITING = "Nothing in that conversation is waiting for an answer."
+NO_PRE_APPROVAL = (
+    "This token does not allow pre-approval. Its owner can allow it on the access token "
+    "settings page; otherwise answer the returned approval with answer_approval."
+)
+INSTRUCTIONS = (
+    "Cairn's agents as tools. ask_assistant talks to a personal assistant that remembers the "
+    "user; research answers a question with a report whose citations were checked against "
+    "fetched pages; run_planner plans an analysis and runs it with read-only SQL. Research and "
+    "Planner runs pause for approval of their plan: the result then has status 'paused', the "
+    "thread_id and the pending plan; call answer_approval to approve, edit or reject it. Pass "
+    "a thread_id to continue a conversation."
+)
+
+
+OFFLINE_STRUCTURED = "OfflineStructuredOutput"
+
+
+class Logged(ToolError):
+    """A tool error already recorded in the token's call log."""
+
+
+class BudgetExceeded(Exception):
+    """A run made more model calls than its token allows."""
+
+
+class ModelCallBudget(AsyncCallbackHandler):
+    """Counts a run's model calls (every chat model in every node and subagent) and stops the
+    run at the token's budget. Added to every callback manager configured inside the run via
+    LangChain's configure hook, so the runner needs no MCP-specific argument."""
+
+    run_inline = True
+    raise_error = True
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.calls = 0
+
+    @property
+    def exceeded(self) -> bool:
+        return self.calls > self.limit
+
+    async def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self._count()
+
+    async def on_llm_start(self, serialized: Any, prompts: Any, **kwargs: Any) -> None:
+        self._count()
+
+    async def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+        # The offline stand-in answers structured output without a chat-model run
+        # (graphs/core/offline.py); it counts as the model call it stands in for.
+        if kwargs.get("name") == OFFLINE_STRUCTURED:
+            self._count()
+
+    def _count(self) -> None:
+        self.calls += 1
+        if self.exceeded:
+            msg = f"model-call budget of {self.limit} exceeded"
+            raise BudgetExceeded(msg)
+
+
+_budget: ContextVar[ModelCallBudget | None] = ContextVar("cairn_mcp_budget", default=None)
+register_configure_hook(_budget, inheritable=True)
+
+
+@contextmanager
+def counted(budget: ModelCallBudget) -> Iterator[None]:
+    """Every model call made inside (in this task and the tasks it starts) counts against
+    `budget`."""
+    reset = _budget.set(budget)
+    try:
+        yield
+    finally:
+        _budget.reset(reset)
+
+
+class McpView(HeadlessView):
+    """A headless run that keeps the finished state for the tool's structured result."""
+
+    def __init__(self, spec: AgentSpec, surface: McpSurface) -> None:
+        super().__init__(spec)
+        self.surface = surface
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        if status != "done":
+            return None
+        values = dict((await load_state()).values)
+        self.surface.values = values
+        return self.spec.reply_text(values)
+
+
+class McpSurface(HeadlessSurface):
+    """The runner's surface for one MCP call: errors kept, the final state kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, Any] = {}
+
+    def view(self, spec: AgentSpec, context: RunContext) -> View:
+        return McpView(spec, self)
+
+
+@dataclass
+class Call:
+    """One tool call: its token, its limits record and its model-call budget."""
+
+    token: TokenInfo
+    tool: str
+    thread_id: str | None
+    budget: ModelCallBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.budget = ModelCallBudget(self.token.limits.max_model_calls)
+
+
+def low_risk(value: dict[str, Any], token: TokenInfo) -> str | None:
+    """Why a pending Planner plan may not be pre-approved, or None when it may.
+
+    The Planner's tools only read (a SELECT-only role), so the risk is cost: only a first
+    review of a plan the model drew up, within the step budget and the token's model-call
+    budget, with nothing changed since a human last looked, is low-risk.
+    """
+    if value.get("kind") != "planner_review":
+        return "only Planner plans can be pre-approved"
+    if value.get("replanned") or value.get("completed"):
+        return "the plan changed after steps ran; a person must review it"
+    if value.get("error"):
+        return "the plan review reported a problem"
+    plan = value.get("plan") or []
+    if not plan or len(plan) > int(value.get("step_budget") or 0):
+        return "the plan is empty or longer than the step budget"
+    if int(value.get("estimated_model_calls") or 0) > token.limits.max_model_calls:
+        return "the plan needs more model calls than this token's budget"
+    return None
+
+
+def approval(interrupt: Any, spec: AgentSpec) -> dict[str, Any]:
+    """A pending question as the caller sees it: what to approve and how to answer."""
+    value = interrupt.value if isinstance(interrupt.value, dict) else {}
+    kind = spec.interrupt_kind(value)
+    shown: dict[str, Any] = {
+        "interrupt_id": interrupt.id,
+        "kind": value.get("kind"),
+        "decisions": sorted(kind.decisions) if kind else ["confirm", "reject"],
+    }
+    if value.get("kind") == "planner_review":
+        keys = ("goal", "plan", "completed", "replanned", "step_budget", "estimated_model_calls")
+        shown.update({k: value.get(k) for k in (*keys, "edits_left", "error")})
+        shown["edit"] = "the new steps, one per line, or one sentence of feedback"
+    elif value.get("kind") == "review_plan":
+        shown.update(question=value.get("question"), topics=value.get("todos", []))
+        shown["edit"] = "the topics to research, one per line"
+    else:
+        shown.update({k: v for k, v in value.items() if k in ("content", "category")})
+    return shown
+
+
+def research_result(values: dict[str, Any], public_url: str) -> dict[str, Any]:
+    """The checked report with its citations as links the caller can open, and the claims
+    removed because no fetched page supports them."""
+    report = served_links(str(values.get("report") or ""), public_url)
+    cited = cited_urls(report)
+    report = sanitise_report(report, cited)
+    citations = [
+        {"quote": m["quote"], "url": m["url"]}
+        for _, line in claim_lines(report)
+        for m in CITATION.finditer(line)
+    ]
+    return {
+        "report": report,
+        "citations": citations,
+        "sources": cited,
+        "not_verified": list(values.get("not_verified") or []),
+    }
+
+
+class McpEndpoint:
+    """The FastMCP server, its bearer-token gate and the session manager's lifetime."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        public_url: str,
+        pool: Pool,
+        runner: Callable[[], Runner],
+        tokens: Callable[[], AccessTokens],
+    ) -> None:
+        self.settings = settings
+        self.public_url = public_url
+        self.pool = pool
+        self.runner = runner
+        self.tokens = tokens
+        self.server = FastMCP(
+            name="Cairn",
+            instructions=INSTRUCTIONS,
+            streamable_http_path=PATH,
+            stateless_http=True,
+            transport_security=_transport_security(public_url, settings),
+        )
+        self._register_tools()
+        self.server.streamable_http_app()  # creates the session manager
+        self._task: asyncio.Task[None] | None = None
+        self._runs: set[asyncio.Task[dict[str, Any]]] = set()
+        self._stopping = asyncio.Event()
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        router.routes.append(Route(PATH, self))  # an ASGI app: every method reaches it
+        return router
+
+    async def start(self) -> None:
+        """The session manager's task group, for the worker's lifetime (a sub-app mounted
+        under Chainlit gets no lifespan of its own)."""
+        ready = asyncio.Event()
+
+        async def serve() -> None:
+            async with self.server.session_manager.run():
+                ready.set()
+                await self._stopping.wait()
+
+        self._task = asyncio.create_task(serve(), name="cairn-mcp")
+        await ready.wait()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=5)
+
+    # -- the gate -------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.settings.mcp_enabled or self._task is None:
+            await JSONResponse({"detail": "Not found"}, status_code=404)(scope, receive, send)
+            return
+        header = Headers(scope=scope).get("authorization", "")
+        secret = header[7:].strip() if header.lower().startswith("bearer ") else None
+        try:
+            token = await self.tokens().verify(secret)
+        except TokenRejected:
+            await _unauthorized(scope, receive, send, presented=secret is not None)
+            return
+        scope[TOKEN_KEY] = token
+        await self.server.session_manager.handle_request(scope, receive, send)
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def _register_tools(self) -> None:
+        tool = self.server.tool
+
+        @tool(name="ask_assistant", title="Ask the Assistant")
+        async def ask_assistant(
+            message: str, ctx: Context, thread_id: str | None = None, temporary: bool = False
+        ) -> dict[str, Any]:
+            """Send a message to the user's personal assistant, which recalls and learns what
+            it should remember about them. Pass thread_id to continue a conversation;
+            temporary=true keeps memory out of a new one."""
+            return await self._new_turn(ctx, "assistant", message, thread_id, temporary=temporary)
+
+        @tool(name="research", title="Research a question")
+        async def research(
+            question: str, ctx: Context, thread_id: str | None = None
+        ) -> dict[str, Any]:
+            """Research a question. The run first pauses with the proposed topics (status
+            'paused'); approve, edit or reject them with answer_approval. The finished report
+            comes back with its citations, each checked against a page Cairn fetched, and a
+            list of claims removed as not verified."""
+            return await self._new_turn(ctx, "research", question, thread_id)
+
+        @tool(name="run_planner", title="Plan and run an analysis")
+        async def run_planner(
+            goal: str, ctx: Context, thread_id: str | None = None, pre_approve: bool = False
+        ) -> dict[str, Any]:
+            """Plan an analysis of the configured data and run it with read-only SQL. The run
+            pauses with the proposed plan (status 'paused') for answer_approval.
+            pre_approve=true approves a low-risk plan at once, if the token's owner allowed
+            that."""
+            return await self._new_turn(ctx, "planner", goal, thread_id, pre_approve=pre_approve)
+
+        @tool(name="answer_approval", title="Answer a pending approval")
+        async def answer_approval(
+            thread_id: str,
+            decision: Literal["approve", "edit", "reject", "confirm"],
+            ctx: Context,
+            edit: str | None = None,
+            interrupt_id: str | None = None,
+        ) -> dict[str, Any]:
+            """Answer what a paused run of yours is waiting for, and let it continue. For
+            'edit', give the new plan steps or research topics in `edit`, one per line (or,
+            for a plan, one sentence of feedback)."""
+            return await self._answer(ctx, thread_id, decision, edit, interrupt_id)
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _new_turn(
+        self,
+        ctx: Context,
+        agent: str,
+        text: str,
+        thread_id: str | None,
+        *,
+        temporary: bool = False,
+        pre_approve: bool = False,
+    ) -> dict[str, Any]:
+        token = _token(ctx)
+        async with self._refusals_logged(token, TOOL_NAMES[agent], thread_id):
+            return await self._start(
+                ctx, token, agent, text, thread_id, temporary=temporary, pre_approve=pre_approve
+            )
+
+    async def _start(
+        self,
+        ctx: Context,
+        token: TokenInfo,
+        agent: str,
+        text: str,
+        thread_id: str | None,
+        *,
+        temporary: bool,
+        pre_approve: bool,
+    ) -> dict[str, Any]:
+        _in_scope(token, agent)
+        text = text.strip()
+        if not text or len(text) > self.settings.max_message_chars:
+            msg = f"The text must be 1 to {self.settings.max_message_chars} characters."
+            raise ToolError(msg)
+        if pre_approve and not token.pre_approve:
+            raise ToolError(NO_PRE_APPROVAL)
+        runner = self.runner()
+        spec = runner.spec(agent)
+        assert spec is not None
+        if thread_id is not None:
+            await self._check_thread(token, thread_id, agent)
+        call = Call(token, TOOL_NAMES[agent], thread_id or str(uuid.uuid4()))
+
+        async def run(surface: McpSurface) -> RunOutcome:
+            await self._show_in_chat(token, str(call.thread_id), spec, text)
+            outcome = await runner.message(
+                surface,
+                user_id=token.user_id,
+                thread_id=str(call.thread_id),
+                profile=spec.profile,
+                text=text,
+                message_id=str(uuid.uuid4()),
+                temporary=temporary,
+            )
+            if pre_approve and outcome.status == "paused":
+                outcome = await self._pre_approve(surface, runner, spec, call, outcome)
+            return outcome
+
+        return await self._tracked(ctx, call, spec, run)
+
+    async def _pre_approve(
+        self, surface: McpSurface, runner: Runner, spec: AgentSpec, call: Call, outcome: RunOutcome
+    ) -> RunOutcome:
+        pending = outcome.interrupts[0] if outcome.interrupts else None
+        value = pending.value if pending is not None and isinstance(pending.value, dict) else {}
+        why = low_risk(value, call.token)
+        if pending is None or why is not None:
+            surface.values["pre_approval"] = f"not applied: {why}"
+            return outcome
+        log.info("token %s pre-approved plan on thread %s", call.token.id, call.thread_id)
+        answered = await runner.answer(
+            surface,
+            user_id=call.token.user_id,
+            thread_id=str(call.thread_id),
+            interrupt_id=pending.id,
+            decision="approve",
+        )
+        surface.values["pre_approval"] = "applied"
+        return answered
+
+    async def _answer(
+        self,
+        ctx: Context,
+        thread_id: str,
+        decision: str,
+        edit: str | None,
+        interrupt_id: str | None,
+    ) -> dict[str, Any]:
+        token = _token(ctx)
+        async with self._refusals_logged(token, "answer_approval", thread_id):
+            return await self._resume(ctx, token, thread_id, decision, edit, interrupt_id)
+
+    async def _resume(
+        self,
+        ctx: Context,
+        token: TokenInfo,
+        thread_id: str,
+        decision: str,
+        edit: str | None,
+        interrupt_id: str | None,
+    ) -> dict[str, Any]:
+        runner = self.runner()
+        try:
+            owned = await runner.threads.require(thread_id=thread_id, user_id=token.user_id)
+            pending = await runner.pending(user_id=token.user_id, thread_id=thread_id)
+        except ThreadNotFound:
+            raise ToolError(NOT_FOUND) from None
+        _in_scope(token, owned.agent)
+        spec = runner.spec(owned.agent)
+        if spec is None:
+            raise ToolError(NOT_FOUND)
+        if interrupt_id is None:
+            if len(pending) != 1:
+                raise ToolError(NOT_WAITING if not pending else "Give the interrupt_id to answer.")
+            interrupt_id = pending[0].id
+        answer_id = interrupt_id
+
+        async def edited(_question: str, _timeout: int) -> str | None:
+            return edit.strip() if edit and edit.strip() else None
+
+        async def run(surface: McpSurface) -> RunOutcome:
+            return await runner.answer(
+                surface,
+                user_id=token.user_id,
+                thread_id=thread_id,
+                interrupt_id=answer_id,
+                decision=decision,
+                ask=edited,
+            )
+
+        return await self._tracked(ctx, Call(token, "answer_approval", thread_id), spec, run)
+
+    @asynccontextmanager
+    async def _refusals_logged(
+        self, token: TokenInfo, tool: str, thread_id: str | None
+    ) -> AsyncIterator[None]:
+        """A call refused before its run started is logged with its token id too."""
+        try:
+            yield
+        except Logged:
+            raise
+        except ToolError as exc:
+            await self.tokens().log_refusal(token, tool, thread_id, str(exc))
+            log.info(
+                "mcp call token=%s user=%s tool=%s thread=%s status=refused",
+                token.id,
+                token.user_id,
+                tool,
+                thread_id,
+            )
+            raise
+
+    async def _check_thread(self, token: TokenInfo, thread_id: str, agent: str) -> None:
+        try:
+            owned = await self.runner().threads.require(thread_id=thread_id, user_id=token.user_id)
+        except ThreadNotFound:
+            raise ToolError(NOT_FOUND) from None
+        if owned.agent != agent:
+            msg = f"That conversation is with the {owned.agent} agent; use its tool."
+            raise ToolError(msg)
+
+    async def _tracked(
+        self, ctx: Context, call: Call, spec: AgentSpec, run: Callable[[McpSurface], Any]
+    ) -> dict[str, Any]:
+        """The run within the token's limits and model-call budget, logged with its token id.
+
+        It runs as its own task: a caller that disconnects does not cut it off half-way (its
+        result stays in the conversation, under the returned thread id). While it works, a log
+        message every KEEP_ALIVE_S keeps the caller's stream from timing out."""
+        try:
+            call_id = await self.tokens().begin_call(call.token, call.tool, call.thread_id)
+        except LimitExceeded as exc:
+            raise Logged(str(exc)) from None
+        work = asyncio.create_task(self._limited(call, call_id, spec, run))
+        self._runs.add(work)
+        work.add_done_callback(self._runs.discard)
+        beat = asyncio.create_task(_keep_alive(ctx, call))
+        try:
+            return await asyncio.shield(work)
+        finally:
+            beat.cancel()
+
+    async def _limited(
+        self, call: Call, call_id: int, spec: AgentSpec, run: Callable[[McpSurface], Any]
+    ) -> dict[str, Any]:
+        surface = McpSurface()
+        status, detail = "failed", None
+        try:
+            with counted(call.budget):
+                outcome: RunOutcome = await run(surface)
+            status = outcome.status
+            if call.budget.exceeded:
+                status = "over_budget"
+                detail = (
+                    f"The run stopped at this token's budget of {call.budget.limit} model "
+                    "calls. What it finished is saved in the conversation."
+                )
+            elif outcome.status not in ("done", "paused") or surface.errors:
+                # A paused run with an error is an answer that was refused (e.g. an edit
+                # without its steps): the question is still waiting.
+                detail = _refusal(outcome, surface)
+        finally:
+            await self.tokens().finish_call(
+                call_id,
+                status=status,
+                thread_id=call.thread_id,
+                model_calls=call.budget.calls,
+                detail=detail,
+            )
+            log.info(
+                "mcp call token=%s user=%s tool=%s thread=%s status=%s model_calls=%d",
+                call.token.id,
+                call.token.user_id,
+                call.tool,
+                call.thread_id,
+                status,
+                call.budget.calls,
+            )
+        if detail is not None:
+            raise Logged(detail)
+        result = self._result(call, spec, outcome, surface)
+        if result.get("reply") and call.thread_id is not None:
+            await append_message(self.pool, call.thread_id, result["reply"], author=spec.profile)
+        return result
+
+    async def _show_in_chat(
+        self, token: TokenInfo, thread_id: str, spec: AgentSpec, text: str
+    ) -> None:
+        """The conversation in the user's chat sidebar too, with what was asked over MCP.
+        The thread is the caller's (checked) or new (its id chosen here)."""
+        await add_outside_turn(
+            self.pool, thread_id=thread_id, user_id=token.user_id, profile=spec.profile, text=text
+        )
+
+    def _result(
+        self, call: Call, spec: AgentSpec, outcome: RunOutcome, surface: McpSurface
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "status": outcome.status,
+            "thread_id": call.thread_id,
+            "agent": spec.key,
+            "model_calls": call.budget.calls,
+        }
+        if "pre_approval" in surface.values:
+            result["pre_approval"] = surface.values["pre_approval"]
+        if outcome.status == "paused":
+            result["approval"] = [approval(i, spec) for i in outcome.interrupts]
+            return result
+        result["reply"] = outcome.reply
+        if spec.key == "research" and surface.values.get("report"):
+            result.update(research_result(surface.values, self.public_url))
+            result["reply"] = result["report"]
+        return result
+
+
+async def _keep_alive(ctx: Context, call: Call) -> None:
+    while True:
+        await asyncio.sleep(KEEP_ALIVE_S)
+        try:
+            await ctx.info(f"{call.tool} is still running ({call.budget.calls} model calls so far)")
+        except Exception as exc:  # the caller went away; the run goes on
+            log.info("token %s: progress not delivered: %s", call.token.id, exc)
+            return
+
+
+def _token(ctx: Context) -> TokenInfo:
+    request = ctx.request_context.request
+    token = request.scope.get(TOKEN_KEY) if request is not None else None
+    if token is None:  # the gate always sets it; a tool reached another way gets nothing
+        raise ToolError(INVALID)
+    return token  # type: ignore[no-any-return]
+
+
+def _in_scope(token: TokenInfo, agent: str) -> None:
+    if agent not in token.scopes:
+        msg = (
+            f"This token may not use the {agent} agent (its scopes: "
+            f"{', '.join(sorted(token.scopes))})."
+        )
+        raise ToolError(msg)
+
+
+def _refusal(outcome: RunOutcome, surface: McpSurface) -> str:
+    if outcome.status == "not_found":
+        return NOT_FOUND
+    return surface.errors[-1] if surface.errors else f"The run ended: {outcome.status}."
+
+
+async def _unauthorized(scope: Scope, receive: Receive, send: Send, *, presented: bool) -> None:
+    """RFC 6750: no credentials get the bare challenge; a bad one says invalid_token."""
+    challenge = CHALLENGE
+    if presented:
+        challenge += f', error="invalid_token", error_description="{INVALID}"'
+        log.warning("refused: invalid access token at %s", PATH)
+    response = JSONResponse(
+        {"error": "invalid_token" if presented else "unauthorized", "error_description": INVALID},
+        status_code=401,
+        headers={"WWW-Authenticate": challenge, "Cache-Control": "no-store"},
+    )
+    await response(scope, receive, send)
+
+
+def _transport_security(public_url: str, settings: Settings) -> TransportSecuritySettings:
+    """DNS-rebinding protection: the app's own host names and the allowed origins only."""
+    host = urlsplit(public_url).netloc
+    hosts = [host, "localhost:*", "127.0.0.1:*", "[::1]:*"]
+    origins = [*settings.allow_origins, public_url]
+    return TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins)
