@@ -16,6 +16,8 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from graphs.core import fence
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -26,10 +28,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.security")
 
 _CACHE_SECONDS = 2.0
-"""How long one worker trusts its last look at a user's cut-off (a revocation lands within it)."""
+"""How long the request guard trusts one worker's last look at a user's cut-off. Only reads
+can slip through in that window: every write is checked against the cut-off in Postgres
+(graphs.core.fence), and chat events look it up afresh."""
 
 
-class SessionRevoked(PermissionError):
+class SessionRevoked(fence.WriteRefused):
     """The signed-in session was ended (its account's data was wiped)."""
 
 
@@ -52,21 +56,17 @@ class SessionRevocations:
         self._cache: dict[str, tuple[float, float | None]] = {}
 
     async def revoke(self, user_id: str) -> None:
-        """Every session of user_id issued up to now stops working."""
-        async with self._pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO cairn_session_revocations (user_id, revoked_at) VALUES (%s, now()) "
-                "ON CONFLICT (user_id) DO UPDATE SET revoked_at = now()",
-                (user_id,),
-            )
+        """Every session of user_id issued up to now stops working, and every write they (or
+        runs and jobs they started) would make, on any worker, is refused (graphs.core.fence)."""
+        await fence.cut_off(self._pool, user_id)
         self._cache.pop(user_id, None)
         log.info("ended every session of user %s", user_id)
 
-    async def cut_off(self, user_id: str) -> float | None:
+    async def cut_off(self, user_id: str, *, cached: bool = True) -> float | None:
         now = time.monotonic()
-        cached = self._cache.get(user_id)
-        if cached is not None and now - cached[0] < _CACHE_SECONDS:
-            return cached[1]
+        seen = self._cache.get(user_id)
+        if cached and seen is not None and now - seen[0] < _CACHE_SECONDS:
+            return seen[1]
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT revoked_at FROM cairn_session_revocations WHERE user_id = %s", (user_id,)
@@ -76,23 +76,27 @@ class SessionRevocations:
         self._cache[user_id] = (now, value)
         return value
 
-    async def is_revoked(self, user_id: str, issued_at: float | None) -> bool:
+    async def is_revoked(
+        self, user_id: str, issued_at: float | None, *, cached: bool = True
+    ) -> bool:
         """True when the session was issued at or before the user's cut-off.
 
         Tokens carry whole seconds; one issued in the second of the cut-off itself counts as
         before it, so a session that existed during the wipe never survives it.
         """
-        cut_off = await self.cut_off(user_id)
+        cut_off = await self.cut_off(user_id, cached=cached)
         if cut_off is None:
             return False
         return issued_at is None or int(issued_at) <= int(cut_off)
 
-    async def check(self, user_id: str, token: str | None, secret: str) -> None:
+    async def check(self, user_id: str, token: str | None, secret: str) -> fence.Fence:
+        """A chat event's session, looked up afresh (no cache); the authority its writes carry."""
         claims = token_claims(token, secret)
         issued_at = float(claims["iat"]) if claims and "iat" in claims else None
-        if await self.is_revoked(user_id, issued_at):
+        if await self.is_revoked(user_id, issued_at, cached=False):
             log.warning("refused: ended session of user %s was used", user_id)
-            raise SessionRevoked("This session has ended. Please sign in again.")
+            raise SessionRevoked(fence.SESSION_ENDED)
+        return fence.Fence(user_id, issued_at or 0.0)
 
 
 class EndedSessionGuard:
@@ -126,7 +130,10 @@ class EndedSessionGuard:
             return
         issued_at = float(claims["iat"]) if "iat" in claims else None
         if not await revocations.is_revoked(str(user_id), issued_at):
-            await self.app(scope, receive, send)
+            # Everything this request (or this chat connection) writes carries its session's
+            # authority, so a wipe's cut-off refuses it wherever it is written.
+            with fence.acting_for(fence.Fence(str(user_id), issued_at or 0.0)):
+                await self.app(scope, receive, send)
             return
         log.warning("refused: ended session of user %s at %s", user_id, scope.get("path"))
         if scope["type"] == "websocket":
