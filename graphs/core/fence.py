@@ -90,7 +90,8 @@ _ENDED = (
 async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
     """Inside an open transaction on conn: take the user's lock shared (until commit) and refuse
     when the cut-off ended the fence's authority. Two statements, not one: a statement's
-    snapshot is taken before a lock wait inside it, so it could miss the cut-off it waited for."""
+    snapshot is taken before a lock wait inside it, so it could miss the cut-off it waited for.
+    In pipeline mode (as the callers here use it) BEGIN and both go in one round trip."""
     await conn.execute(_LOCK_SHARED, (lock_key(fence.user_id),))
     cur = await conn.execute(_ENDED, (fence.user_id, fence.since))
     if await cur.fetchone() is not None:
@@ -111,7 +112,7 @@ async def fenced(
         if fence is None:
             yield conn
             return
-        async with conn.transaction():
+        async with conn.pipeline(), conn.transaction():
             await check(conn, fence)
             yield conn
 

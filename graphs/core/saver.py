@@ -115,6 +115,7 @@ class CairnSaver(AsyncPostgresSaver):
         async with (
             self.lock,
             _ainternal.get_connection(self.conn) as conn,
+            conn.pipeline(),
             conn.transaction(),
         ):
             await fence.check(conn, authority)

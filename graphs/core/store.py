@@ -97,7 +97,11 @@ class PipelinedStore(AsyncPostgresStore):
                 for p in (ns, k, path, v)
             ]
             queries.append((query, vector_params))
-        async with _ainternal.get_connection(self.conn) as conn, conn.transaction():
+        async with (
+            _ainternal.get_connection(self.conn) as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
             await fence.check(conn, authority)
             async with conn.cursor(binary=True, row_factory=dict_row) as cur:
                 for statement, args in queries:
