@@ -92,7 +92,10 @@ def threads_of(database_url: str, user: str) -> list[str]:
 async def keep_chatting(socket: ChatSocket, stop_at: float, sent: list[tuple[float, str]]) -> None:
     """What a tab left open does: a message every 0.2 s, without waiting for replies."""
     while time.monotonic() < stop_at and len(sent) < 60:
-        text = f"Remember that my lucky number is {len(sent)}"
+        n = len(sent)
+        # Both kinds of write: the remember tool (a memory mid-turn) and a plain turn (its
+        # checkpoints, Chainlit's steps and, a second later, a memory job).
+        text = f"Remember that my lucky number is {n}" if n % 2 else f"Note {n}: I like jazz"
         step = {
             "threadId": "",
             "id": str(uuid.uuid4()),
@@ -127,6 +130,7 @@ async def test_a_wipe_on_one_worker_leaves_nothing_while_another_keeps_chatting(
         sent: list[tuple[float, str]] = []
         chatting = asyncio.create_task(keep_chatting(tab, time.monotonic() + CHAT_FOR_S, sent))
         await asyncio.sleep(1.5)
+        wipe_started = time.monotonic()
         wiped = await w1.post(
             "/api/account/wipe",
             json={"confirm": WIPE_PHRASE},
@@ -139,7 +143,18 @@ async def test_a_wipe_on_one_worker_leaves_nothing_while_another_keeps_chatting(
         await tab.close()
 
     assert report["verified"], report["leftovers"]
-    assert [t for t, _ in sent if t > wiped_at], "the tab must keep chatting after the wipe"
+    after = [text for t, text in sent if t > wiped_at]
+    assert after, "the tab must keep chatting after the wipe"
+    # Not one turn is accepted on the other worker once the wipe has answered.
+    replied = {text for text in (t for _, t in sent) if any(
+        e in ("new_message", "update_message") and f"You said: {text}" in str(d.get("output"))
+        for e, d in tab.events if isinstance(d, dict)
+    )}  # fmt: skip
+    assert not replied & set(after), sorted(replied & set(after))
+    print(
+        f"\nwipe took {wiped_at - wipe_started:.2f} s; the tab sent {len(sent)} messages, "
+        f"{len(after)} after the wipe; {len(replied)} answered, none of those after it"
+    )
     ended = [
         d
         for e, d in tab.events
