@@ -5,6 +5,7 @@ HTTP routes, the websocket handshake and every chat event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from http.cookies import CookieError, SimpleCookie
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 from chainlit.auth.cookie import clear_auth_cookie, get_token_from_cookies
+from psycopg import AsyncConnection
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -19,7 +21,7 @@ from starlette.responses import JSONResponse
 from graphs.core import fence
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -54,6 +56,30 @@ class SessionRevocations:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._cache: dict[str, tuple[float, float | None]] = {}
+
+    async def listen(self, on_ended: Callable[[str], Awaitable[object]]) -> None:
+        """Until cancelled: hear every worker's cut-offs (Postgres LISTEN), forget the cached
+        look at that user and call on_ended (this worker ends the user's live connections).
+        A lost connection is opened again; a cut-off missed meanwhile is still enforced
+        in Postgres, and the cache forgets it within its 2 s."""
+        while True:
+            try:
+                conninfo = self._pool.conninfo  # the app's pools are built from a URL string
+                assert isinstance(conninfo, str)
+                conn = await AsyncConnection.connect(conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {fence.ENDED_CHANNEL}")
+                    async for notice in conn.notifies():
+                        self._cache.pop(notice.payload, None)
+                        try:
+                            await on_ended(notice.payload)
+                        except Exception:
+                            log.exception("ending the sessions of %s here failed", notice.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listening for ended sessions failed (%s); trying again", exc)
+            await asyncio.sleep(1.0)
 
     async def revoke(self, user_id: str) -> None:
         """Every session of user_id issued up to now stops working, and every write they (or

@@ -134,9 +134,14 @@ async def held(
         yield
 
 
+ENDED_CHANNEL = "cairn_session_ended"
+"""Postgres NOTIFY channel: a user's cut-off was recorded (payload: the user id)."""
+
+
 async def cut_off(pool: AsyncConnectionPool[Any], user_id: str) -> None:
     """Record the user's cut-off under the user's lock held exclusively: when this returns,
-    every write authorised before now has committed or will be refused."""
+    every write authorised before now has committed or will be refused. Every worker
+    listening on ENDED_CHANNEL hears of it when it commits (to end its live connections)."""
     async with pool.connection() as conn, conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key(user_id),)
@@ -149,3 +154,4 @@ async def cut_off(pool: AsyncConnectionPool[Any], user_id: str) -> None:
             "ON CONFLICT (user_id) DO UPDATE SET revoked_at = EXCLUDED.revoked_at",
             (user_id,),
         )
+        await conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, user_id))

@@ -333,3 +333,36 @@ async def test_writers_hammering_during_a_wipe_leave_nothing(
     assert report.verified, report.leftovers
     assert report.counts["memories"] > 0
     assert await service.leftovers(user, report.thread_ids) == dict.fromkeys(report.leftovers, 0)
+
+
+async def test_every_worker_hears_a_cut_off_at_once_and_forgets_its_cached_look(
+    db: Persistence,
+) -> None:
+    """Worker 2 looked at the user a moment ago (cached: not ended); worker 1 wipes. Worker 2
+    hears it through Postgres and refuses the old session straight away, not 2 s later, and
+    ends its own live connections of the user."""
+    here, there = SessionRevocations(db.pool), SessionRevocations(db.pool)
+    user = new_id("user")
+    issued = float(await scalar(db, "SELECT extract(epoch FROM now())")) - 2
+    assert not await there.is_revoked(user, issued)  # cached for 2 s on that worker
+    ended: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_ended(user_id: str) -> None:
+        await ended.put(user_id)
+
+    listening = asyncio.create_task(there.listen(on_ended))
+    try:
+        for _ in range(100):  # until the LISTEN is in place (bounded: 10 s)
+            if await scalar(
+                db,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN %%'",
+            ):
+                break
+            await asyncio.sleep(0.1)
+        await here.revoke(user)
+        assert await asyncio.wait_for(ended.get(), 10) == user
+        assert await there.is_revoked(user, issued)  # the cache was dropped
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
