@@ -10,6 +10,7 @@ from fastapi import HTTPException
 
 # Defined below auth so graphs code can raise it too; importers keep naming it from here.
 from graphs.core.errors import NOT_FOUND, ThreadNotFound
+from graphs.core.fence import fenced
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -32,8 +33,10 @@ async def claim_thread(
 
     One statement: the insert either creates the row or, for the owner only, marks the
     thread active now and hands back the existing row. `temporary` only ever turns on.
+    Refused (graphs.core.fence.WriteRefused) once the user's data was wiped after the
+    session or run it is made for began: a wiped account's thread never comes back.
     """
-    async with pool.connection() as conn:
+    async with fenced(pool) as conn:
         cur = await conn.execute(
             "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary) "
             "VALUES (%s, %s, %s, %s) "
@@ -67,7 +70,7 @@ async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> OwnedThr
 
 async def mark_temporary(pool: Pool, *, thread_id: str, user_id: str) -> bool:
     """Make an existing thread of the user temporary (one-way). False: no such thread yet."""
-    async with pool.connection() as conn:
+    async with fenced(pool) as conn:
         cur = await conn.execute(
             "UPDATE cairn_threads SET temporary = true WHERE thread_id = %s AND owner_id = %s",
             (thread_id, user_id),

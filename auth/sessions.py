@@ -5,6 +5,7 @@ HTTP routes, the websocket handshake and every chat event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from http.cookies import CookieError, SimpleCookie
@@ -12,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 from chainlit.auth.cookie import clear_auth_cookie, get_token_from_cookies
+from psycopg import AsyncConnection
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from graphs.core import fence
+
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -26,10 +30,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.security")
 
 _CACHE_SECONDS = 2.0
-"""How long one worker trusts its last look at a user's cut-off (a revocation lands within it)."""
+"""How long the request guard trusts one worker's last look at a user's cut-off. Only reads
+can slip through in that window: every write is checked against the cut-off in Postgres
+(graphs.core.fence), and chat events look it up afresh."""
 
 
-class SessionRevoked(PermissionError):
+class SessionRevoked(fence.WriteRefused):
     """The signed-in session was ended (its account's data was wiped)."""
 
 
@@ -51,22 +57,42 @@ class SessionRevocations:
         self._pool = pool
         self._cache: dict[str, tuple[float, float | None]] = {}
 
+    async def listen(self, on_ended: Callable[[str], Awaitable[object]]) -> None:
+        """Until cancelled: hear every worker's cut-offs (Postgres LISTEN), forget the cached
+        look at that user and call on_ended (this worker ends the user's live connections).
+        A lost connection is opened again; a cut-off missed meanwhile is still enforced
+        in Postgres, and the cache forgets it within its 2 s."""
+        while True:
+            try:
+                conninfo = self._pool.conninfo  # the app's pools are built from a URL string
+                assert isinstance(conninfo, str)
+                conn = await AsyncConnection.connect(conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {fence.ENDED_CHANNEL}")
+                    async for notice in conn.notifies():
+                        self._cache.pop(notice.payload, None)
+                        try:
+                            await on_ended(notice.payload)
+                        except Exception:
+                            log.exception("ending the sessions of %s here failed", notice.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listening for ended sessions failed (%s); trying again", exc)
+            await asyncio.sleep(1.0)
+
     async def revoke(self, user_id: str) -> None:
-        """Every session of user_id issued up to now stops working."""
-        async with self._pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO cairn_session_revocations (user_id, revoked_at) VALUES (%s, now()) "
-                "ON CONFLICT (user_id) DO UPDATE SET revoked_at = now()",
-                (user_id,),
-            )
+        """Every session of user_id issued up to now stops working, and every write they (or
+        runs and jobs they started) would make, on any worker, is refused (graphs.core.fence)."""
+        await fence.cut_off(self._pool, user_id)
         self._cache.pop(user_id, None)
         log.info("ended every session of user %s", user_id)
 
-    async def cut_off(self, user_id: str) -> float | None:
+    async def cut_off(self, user_id: str, *, cached: bool = True) -> float | None:
         now = time.monotonic()
-        cached = self._cache.get(user_id)
-        if cached is not None and now - cached[0] < _CACHE_SECONDS:
-            return cached[1]
+        seen = self._cache.get(user_id)
+        if cached and seen is not None and now - seen[0] < _CACHE_SECONDS:
+            return seen[1]
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT revoked_at FROM cairn_session_revocations WHERE user_id = %s", (user_id,)
@@ -76,23 +102,27 @@ class SessionRevocations:
         self._cache[user_id] = (now, value)
         return value
 
-    async def is_revoked(self, user_id: str, issued_at: float | None) -> bool:
+    async def is_revoked(
+        self, user_id: str, issued_at: float | None, *, cached: bool = True
+    ) -> bool:
         """True when the session was issued at or before the user's cut-off.
 
         Tokens carry whole seconds; one issued in the second of the cut-off itself counts as
         before it, so a session that existed during the wipe never survives it.
         """
-        cut_off = await self.cut_off(user_id)
+        cut_off = await self.cut_off(user_id, cached=cached)
         if cut_off is None:
             return False
         return issued_at is None or int(issued_at) <= int(cut_off)
 
-    async def check(self, user_id: str, token: str | None, secret: str) -> None:
+    async def check(self, user_id: str, token: str | None, secret: str) -> fence.Fence:
+        """A chat event's session, looked up afresh (no cache); the authority its writes carry."""
         claims = token_claims(token, secret)
         issued_at = float(claims["iat"]) if claims and "iat" in claims else None
-        if await self.is_revoked(user_id, issued_at):
+        if await self.is_revoked(user_id, issued_at, cached=False):
             log.warning("refused: ended session of user %s was used", user_id)
-            raise SessionRevoked("This session has ended. Please sign in again.")
+            raise SessionRevoked(fence.SESSION_ENDED)
+        return fence.Fence(user_id, issued_at or 0.0)
 
 
 class EndedSessionGuard:
@@ -126,7 +156,10 @@ class EndedSessionGuard:
             return
         issued_at = float(claims["iat"]) if "iat" in claims else None
         if not await revocations.is_revoked(str(user_id), issued_at):
-            await self.app(scope, receive, send)
+            # Everything this request (or this chat connection) writes carries its session's
+            # authority, so a wipe's cut-off refuses it wherever it is written.
+            with fence.acting_for(fence.Fence(str(user_id), issued_at or 0.0)):
+                await self.app(scope, receive, send)
             return
         log.warning("refused: ended session of user %s at %s", user_id, scope.get("path"))
         if scope["type"] == "websocket":

@@ -55,6 +55,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
 from auth.ownership import NOT_FOUND
+from graphs.core.fence import fenced
 from ui.output_guard import policy_for, sanitise_step, sanitise_text
 from ui.render import StreamSanitiser
 
@@ -747,5 +748,5 @@ async def write_assistant_message(pool: Pool, thread_id: str, text: str) -> None
     """
     if not text:
         return
-    async with pool.connection() as conn:
+    async with fenced(pool) as conn:  # refused once the user's data was wiped
         await conn.execute(_ASSISTANT_STEP, (str(uuid.uuid4()), text, thread_id))

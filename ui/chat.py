@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, mark_temporary
-from auth.sessions import SessionRevoked
+from graphs.core.fence import WriteRefused, adopt
 from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
@@ -52,7 +52,7 @@ def chat_handler(handler: H) -> H:
     async def guarded(*args: Any, **kwargs: Any) -> None:
         try:
             await handler(*args, **kwargs)
-        except SessionRevoked as exc:
+        except WriteRefused as exc:  # the session was ended, here or on another worker
             await refuse(str(exc))
         except Exception:
             log.exception("chat handler %s failed", handler.__name__)
@@ -114,7 +114,9 @@ async def _session_user_id() -> str:
     user_id = session_user_id()
     revocations = get_runtime().revocations
     if revocations is not None:
-        await revocations.check(user_id, cl.context.session.token, get_jwt_secret() or "")
+        # What this event writes (the run, its memories, Chainlit's rows) carries the session's
+        # authority; a wipe's cut-off refuses it in Postgres on whichever worker writes it.
+        adopt(await revocations.check(user_id, cl.context.session.token, get_jwt_secret() or ""))
     return user_id
 
 

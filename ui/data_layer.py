@@ -24,6 +24,7 @@ from chainlit.types import ThreadDict
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
+from graphs.core.fence import WriteRefused, fenced
 from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
@@ -89,6 +90,11 @@ class PostgresDataLayer(ChainlitDataLayer):
 
     Its SQL uses asyncpg's `$n` placeholders with parameters passed in order; they are
     rewritten to psycopg's named style. JSON columns come back as text, as asyncpg returns them.
+
+    Every write but a delete is fenced (graphs.core.fence): made under the session's authority
+    (set by the request guard for every HTTP request and chat connection), it is refused once
+    the user's data was wiped, so a tab left open on another worker cannot bring back the
+    Chainlit user, a thread or a step after the wipe.
     """
 
     def __init__(
@@ -109,7 +115,8 @@ class PostgresDataLayer(ChainlitDataLayer):
             values = list(params.values())
             args = {f"p{i + 1}": value for i, value in enumerate(values)}
             query = _PLACEHOLDER.sub(r"%(p\1)s", query.replace("%", "%%"))
-        async with self._pool.connection() as conn:
+        reading = query.lstrip()[:6].upper() in ("SELECT", "DELETE")
+        async with self._pool.connection() if reading else fenced(self._pool) as conn:
             cur = conn.cursor(row_factory=dict_row)
             cur.adapters.register_loader("jsonb", TextLoader)
             cur.adapters.register_loader("json", TextLoader)
@@ -203,11 +210,14 @@ class PostgresDataLayer(ChainlitDataLayer):
             "is_error": step_dict.get("isError", False),
         }
         try:
-            async with self._pool.connection() as conn:
+            async with fenced(self._pool) as conn:
                 await conn.execute(_UPSERT_STEP, params)
         except psycopg.errors.ForeignKeyViolation:
             # The conversation was deleted while this step was on its way: drop the step.
             log.info("step %s dropped: its conversation is gone", step_dict.get("id"))
+        except WriteRefused:
+            # Its user's data was wiped (maybe on another worker) after this session began.
+            log.warning("step %s dropped: its session has ended", step_dict.get("id"))
 
     async def delete_step(self, step_id: str) -> None:
         """Only a step of the session's conversation: the id of a refused message is the
@@ -240,7 +250,7 @@ async def append_message(pool: Pool, thread_id: str, text: str, *, author: str =
     other steps; it is sanitised on read like every stored step."""
     if not text:
         return
-    async with pool.connection() as conn:
+    async with fenced(pool) as conn:
         await conn.execute(
             'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
             '"endTime", "createdAt", "showInput", "isError") '

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from chainlit.context import init_ws_context
 from chainlit.session import WebsocketSession, ws_sessions_id
 
+from graphs.core import fence
 from ui.data_layer import append_message
 from ui.surface import ChatSurface, HeadlessSurface
 
@@ -55,7 +56,11 @@ class StoredSurface(HeadlessSurface):
 
 
 async def resume(runner: Runner, pool: Pool, run: StrandedRun) -> RunOutcome:
-    """In its own task: a live session's chat context must not leak into other runs."""
+    """In its own task: a live session's chat context must not leak into other runs.
+
+    Authorised from now (graphs.core.fence): if the user's data is wiped meanwhile, the rest
+    of the run and the reply written for it are refused."""
+    fence.adopt(fence.Fence.now(run.user_id))
     if (session := _live_session(run)) is not None:
         init_ws_context(session)
         return await runner.resume_stranded(run, ChatSurface(signals_task=True))

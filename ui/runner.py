@@ -22,7 +22,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
-from graphs.core import metrics
+from graphs.core import fence, metrics
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
@@ -419,7 +419,27 @@ class Runner:
         *,
         answering: str | None = None,
     ) -> RunOutcome:
-        """One run on the thread; a second one while it works is refused (across workers)."""
+        """One run on the thread; a second one while it works is refused (across workers).
+
+        Everything the run writes (its journal row, checkpoints, memories, fetch log, after-turn
+        jobs) carries the authority of the session that asked for it, or of this moment for a
+        run the server resumes: an account wipe on any worker refuses the rest of it.
+        """
+        authority = fence.current()
+        if authority is None or authority.user_id != context.user_id:
+            authority = fence.Fence.now(context.user_id)
+        with fence.acting_for(authority):
+            return await self._run_fenced(surface, spec, inputs, context, owned, answering)
+
+    async def _run_fenced(
+        self,
+        surface: Surface,
+        spec: AgentSpec,
+        inputs: dict[str, Any] | Command[Any] | None,
+        context: Context,
+        owned: OwnedThread,
+        answering: str | None,
+    ) -> RunOutcome:
         graph = self.graphs.get(spec.key)
         if graph is None:
             await surface.refuse(UNAVAILABLE)
@@ -444,6 +464,9 @@ class Runner:
             metrics.observe_refusal(spec.key, "busy")
             await surface.refuse(str(exc))
             return RunOutcome("busy", owned=owned)
+        except fence.WriteRefused as exc:  # wiped before the run could start
+            await surface.refuse(str(exc))
+            return RunOutcome("refused", owned=owned)
         outcome.owned = owned
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
@@ -494,6 +517,14 @@ class Runner:
             ):
                 await _dispatch(view, namespace, mode, chunk, interrupts)
             status = "paused" if interrupts else "done"
+        except fence.WriteRefused as exc:
+            # The user's data was wiped (maybe on another worker) while this ran: it stops here,
+            # and nothing it would still write is kept.
+            log.warning(
+                "%s run stopped: its user's data was wiped (thread %s)", spec.key, context.thread_id
+            )
+            status = "stopped"
+            await surface.refuse(str(exc))
         except GraphRecursionError:
             log.warning("%s run hit its recursion limit (thread %s)", spec.key, context.thread_id)
             status = "stopped"

@@ -31,7 +31,7 @@ from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.agents.research import corpus_router
-from ui.chainlit_patches import mount_before_catch_all
+from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint
 from ui.memory_page import build_router as build_memory_router
@@ -216,6 +216,11 @@ async def start() -> None:
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
         asyncio.create_task(
             recover_forever(runtime.runner, runtime.pool), name="cairn-run-recovery"
+        ),
+        # A wipe on any worker ends this worker's live chat connections of the user at once
+        # (its writes are refused in Postgres either way: graphs.core.fence).
+        asyncio.create_task(
+            runtime.revocations.listen(disconnect_user_sockets), name="cairn-session-ended"
         ),
     ]
     runtime._privacy = Privacy(

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from graphs.core.fence import fenced
+
 if TYPE_CHECKING:
     from graphs.core.pool import Pool
 
@@ -46,8 +48,9 @@ class RunJournal:
         self.worker = worker or worker_id()
 
     async def started(self, *, thread_id: str, user_id: str, agent: str) -> None:
-        """Called under the thread's run lock: this worker now runs the thread."""
-        async with self.pool.connection() as conn:
+        """Called under the thread's run lock: this worker now runs the thread (refused once
+        the user's data was wiped: graphs.core.fence)."""
+        async with fenced(self.pool) as conn:
             await conn.execute(
                 "INSERT INTO cairn_runs (thread_id, user_id, agent, worker_id) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE SET "

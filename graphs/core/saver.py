@@ -6,6 +6,10 @@ loading a conversation slowed as it grew (0.9 ms at 200 turns, linear after). He
 channel's blob is an index lookup on the blobs' primary key (0.2 ms, flat). Same columns, same
 rows.
 
+Writes are fenced (graphs.core.fence): a run's checkpoint is written in one transaction with
+the check of its user's cut-off, so a run still going on one worker when the user's data is
+wiped on another stops at its next write instead of leaving checkpoints behind.
+
 Two worker-thread hops are also skipped where they only cost (see the methods): decoding a
 checkpoint's pending writes when it has none, and encoding one node's writes. Everything else
 is the library's saver.
@@ -13,13 +17,27 @@ is the library's saver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import WRITES_IDX_MAP, CheckpointTuple
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.postgres import _ainternal
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg.rows import DictRow
+from psycopg import AsyncCursor
+from psycopg.rows import DictRow, dict_row
+
+from graphs.core import fence
+
+_writing: ContextVar[bool] = ContextVar("cairn_saver_writing", default=False)
 
 SELECT_SQL = """
 select
@@ -86,7 +104,51 @@ class CairnSaver(AsyncPostgresSaver):
             [],
         )
 
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        authority = fence.current() if _writing.get() else None
+        if authority is None or self.pipe is not None:
+            async with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        # A write under a user's authority: the check and the write in one transaction.
+        async with (
+            self.lock,
+            _ainternal.get_connection(self.conn) as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
+            await fence.check(conn, authority)
+            async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        token = _writing.set(True)
+        try:
+            return await super().aput(config, checkpoint, metadata, new_versions)
+        finally:
+            _writing.reset(token)
+
     async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        token = _writing.set(True)
+        try:
+            await self._put_writes(config, writes, task_id, task_path)
+        finally:
+            _writing.reset(token)
+
+    async def _put_writes(
         self,
         config: RunnableConfig,
         writes: Sequence[tuple[str, Any]],

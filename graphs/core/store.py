@@ -7,20 +7,35 @@ namespaces nothing is stored beneath (every namespace graphs.memory.scoped build
 `aread_exact` sends such a batch through the connection's pipeline in one round trip, with
 equality on the prefix instead of the store's `prefix = ... OR prefix LIKE ...`, which Postgres
 must plan afresh on every call, and a plain read instead of the store's get-with-TTL-refresh.
-`make bench`: a recall batch 4.7 -> 1.9 ms p50. Everything else is the library's store.
+`make bench`: a recall batch 4.7 -> 1.9 ms p50.
+
+Puts made under a user's authority (graphs.core.fence) are written in one transaction with the
+check of that user's cut-off, instead of through the store's batching task (which runs in
+the context of whoever first used the store, so it cannot see the caller's authority).
 
 While the store is re-embedded (graphs.memory.reembed) its vectors may live in another table
 than the library's `store_vectors` (`vectors_table`), and every indexed put is also written
-to the other model's index (`mirror`).
+to the other model's index (`mirror`). Everything else is the library's store.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-from langgraph.store.base import GetOp, Op, PutOp, Result, SearchOp
+from langgraph.checkpoint.postgres import _ainternal
+from langgraph.store.base import (
+    NOT_PROVIDED,
+    GetOp,
+    NotProvided,
+    Op,
+    PutOp,
+    Result,
+    SearchOp,
+    _ensure_ttl,
+    _validate_namespace,
+)
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 from langgraph.store.postgres.aio import AsyncPostgresStore
 from langgraph.store.postgres.base import (
@@ -32,6 +47,7 @@ from langgraph.store.postgres.base import (
 )
 from psycopg.rows import dict_row
 
+from graphs.core import fence
 from graphs.core.embeddings import DEFAULT_TABLE, VectorIndex
 
 log = logging.getLogger("cairn.store")
@@ -76,7 +92,47 @@ def _in_table(query: str, table: str) -> str:
 
 
 class PipelinedStore(AsyncPostgresStore):
-    """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round trip."""
+    """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round
+    trip, and puts fenced by their user's cut-off."""
+
+    async def aput(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        authority = fence.current()
+        if authority is None:
+            await super().aput(namespace, key, value, index, ttl=ttl)
+            return
+        _validate_namespace(namespace)
+        op = PutOp(namespace, key, value, index, ttl=_ensure_ttl(self.ttl_config, ttl))
+        # The embedding is computed before the transaction (and its lock) starts.
+        queries, embedding = self._prepare_batch_PUT_queries([(0, op)])
+        if embedding:
+            query, texts = embedding
+            assert self.embeddings is not None  # an embedding request implies an index
+            vectors = await self.embeddings.aembed_documents([t[-1] for t in texts])
+            vector_params: list[Any] = [
+                p
+                for (ns, k, path, _), v in zip(texts, vectors, strict=True)
+                for p in (ns, k, path, v)
+            ]
+            queries.append((query, vector_params))
+        async with (
+            _ainternal.get_connection(self.conn) as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
+            await fence.check(conn, authority)
+            async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                for statement, args in queries:
+                    await cur.execute(statement, args)
+        if self.mirror is not None:
+            await self._write_mirror(self.mirror, [op])
 
     vectors_table: str = DEFAULT_TABLE
     """The table this store's vectors are read from and written to."""

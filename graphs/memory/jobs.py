@@ -13,7 +13,8 @@ import procrastinate
 import psycopg
 from procrastinate.exceptions import AlreadyEnqueued
 
-from graphs.core import metrics
+from graphs.core import fence, metrics
+from graphs.core.pool import open_lock_pool
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from langchain_core.language_models import BaseChatModel
     from langgraph.store.base import BaseStore
+    from psycopg_pool import AsyncConnectionPool
 
     from graphs.core.pool import Pool
 
@@ -88,6 +90,7 @@ class MemoryJobs:
             ),
         )(self._run)
         self._worker: asyncio.Task[None] | None = None
+        self._lock_pool: AsyncConnectionPool[Any] | None = None
 
     def add_periodic(self, name: str, *, cron: str, run: Callable[[], Awaitable[object]]) -> None:
         """A housekeeping task on the same queue, deferred once per cron tick across all
@@ -121,6 +124,9 @@ class MemoryJobs:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
+        if self._lock_pool is not None:
+            await self._lock_pool.close()
+            self._lock_pool = None
 
     async def message_arrived(self, *, user_id: str, thread_id: str) -> None:
         """Called after each turn with the user_id resolved from the session at request time."""
@@ -144,14 +150,41 @@ class MemoryJobs:
         await ScopedMemory(self.store, user_id).drop_marker(thread_id)
 
     async def _defer(self, user_id: str, thread_id: str, *, delay_s: float) -> None:
+        """Queue the job with the authority it is queued under (graphs.core.fence), checked
+        against the user's cut-off while the job is inserted: a wipe's cancel sees it, or it
+        is refused. The job's own writes carry the same authority."""
+        authority = fence.current()
+        if authority is None or authority.user_id != user_id:
+            authority = fence.Fence.now(user_id)
+        if self._lock_pool is None:
+            self._lock_pool = await open_lock_pool(self.pool, max_size=4)
         # Already queued: that job re-checks the deadline when it wakes up.
-        with contextlib.suppress(AlreadyEnqueued):
-            await self._task.configure(
-                queueing_lock=queueing_lock(user_id, thread_id),
-                schedule_at=datetime.now(UTC) + timedelta(seconds=max(delay_s, 0.0)),
-            ).defer_async(user_id=user_id, thread_id=thread_id)
+        async with fence.held(self._lock_pool, authority):
+            with contextlib.suppress(AlreadyEnqueued):
+                await self._task.configure(
+                    queueing_lock=queueing_lock(user_id, thread_id),
+                    schedule_at=datetime.now(UTC) + timedelta(seconds=max(delay_s, 0.0)),
+                ).defer_async(user_id=user_id, thread_id=thread_id, since=authority.since)
 
     async def _run(
+        self,
+        context: procrastinate.JobContext,
+        *,
+        user_id: str,
+        thread_id: str,
+        since: float | None = None,
+    ) -> None:
+        # A job queued before authorities were recorded is authorised from now: a wipe cancels
+        # queued jobs, so one that runs was queued before any later cut-off.
+        authority = fence.Fence(user_id, since) if since is not None else fence.Fence.now(user_id)
+        with fence.acting_for(authority):
+            try:
+                await self._run_fenced(context, user_id=user_id, thread_id=thread_id)
+            except fence.WriteRefused:
+                # The user's data was wiped while this job ran: nothing more to do, ever.
+                log.warning("memory job dropped: the data of user %s was wiped", user_id)
+
+    async def _run_fenced(
         self, context: procrastinate.JobContext, *, user_id: str, thread_id: str
     ) -> None:
         memory = ScopedMemory(self.store, user_id)
@@ -181,6 +214,8 @@ class MemoryJobs:
             log.warning("memory job skipped (invalid model output) user=%s: %s", user_id, exc)
             metrics.observe_memory_job("skipped")
             return
+        except fence.WriteRefused:
+            raise
         except Exception as exc:
             if job.attempts + 1 >= self.max_attempts:
                 await self._dead_letter(user_id, thread_id, job.id, job.attempts + 1, exc)
@@ -211,7 +246,8 @@ class MemoryJobs:
 
     async def cancel_user(self, *, user_id: str) -> int:
         """Cancel every queued memory job of a user (memory switched off, account wiped).
-        A job already running re-checks ownership under the user lock before writing."""
+        A job already running re-checks ownership under the user lock before writing, and
+        its writes carry the authority it was queued under (refused after a wipe)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT id FROM procrastinate_jobs WHERE task_name = %s AND status = 'todo' "
@@ -226,7 +262,7 @@ class MemoryJobs:
     async def _dead_letter(
         self, user_id: str, thread_id: str, job_id: int | None, attempts: int, exc: Exception
     ) -> None:
-        async with self.pool.connection() as conn:
+        async with fence.fenced(self.pool) as conn:
             await conn.execute(
                 "INSERT INTO memory_dead_letters (user_id, thread_id, job_id, attempts, error) "
                 "VALUES (%s, %s, %s, %s, %s)",

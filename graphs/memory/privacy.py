@@ -10,16 +10,19 @@ imports neither Chainlit nor auth (the session revoker is handed in).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg.types.json import Jsonb
 
 from graphs.core.errors import ThreadNotFound
+from graphs.core.fence import fenced
 from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
-from graphs.memory.scoped import ScopedMemory
+from graphs.memory.scoped import ROOT, ScopedMemory, user_label
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -30,9 +33,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.privacy")
 
-WIPE_PASSES = 3
-"""A wipe re-runs its steps until its own check finds nothing (a turn that was mid-flight
-when it began can still land one last write)."""
+WIPE_PASSES = 20
+"""A wipe re-runs its steps until its own check finds nothing: a memory job running on another
+worker when it began keeps its row until it ends (its writes are refused)."""
+WIPE_WAIT_S = 15.0
+"""How long a wipe waits for such jobs before it reports itself unverified."""
+WIPE_RETRY_S = 0.5
+
+LEFTOVERS_SQL = """
+SELECT
+  (SELECT count(*) FROM cairn_threads WHERE owner_id = %(u)s) AS owned,
+  (SELECT count(*) FROM cairn_runs WHERE user_id = %(u)s OR thread_id = ANY(%(t)s)) AS runs,
+  (SELECT count(*) FROM "User" WHERE identifier = %(u)s) AS chainlit_user,
+  (SELECT count(*) FROM "Thread" t LEFT JOIN "User" u ON u.id = t."userId"
+    WHERE u.identifier = %(u)s OR t.id = ANY(%(t)s)) AS chainlit_threads,
+  (SELECT count(*) FROM "Step" WHERE "threadId" = ANY(%(t)s)) AS chainlit_steps,
+  (SELECT count(*) FROM "Element" WHERE "threadId" = ANY(%(t)s)) AS chainlit_elements,
+  (SELECT count(*) FROM "Feedback" f JOIN "Step" s ON s.id = f."stepId"
+    WHERE s."threadId" = ANY(%(t)s)) AS chainlit_feedback,
+  (SELECT count(*) FROM procrastinate_jobs WHERE args->>'user_id' = %(u)s) AS jobs,
+  (SELECT count(*) FROM memory_dead_letters WHERE user_id = %(u)s) AS dead,
+  (SELECT count(*) FROM cairn_retention WHERE user_id = %(u)s) AS retention,
+  (SELECT count(*) FROM cairn_access_tokens WHERE user_id = %(u)s)
+  + (SELECT count(*) FROM cairn_token_calls WHERE user_id = %(u)s) AS tokens,
+  (SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%(t)s))
+  + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))
+  + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s)) AS checkpoints,
+  (SELECT count(*) FROM research_fetch_log WHERE thread_id = ANY(%(t)s)) AS fetched_pages,
+  (SELECT count(*) FROM store s, unnest(%(roots)s::text[]) r
+    WHERE s.prefix = r OR left(s.prefix, length(r) + 1) = r || '.') AS store_items,
+  (SELECT count(*) FROM store_vectors v, unnest(%(roots)s::text[]) r
+    WHERE v.prefix = r OR left(v.prefix, length(r) + 1) = r || '.') AS store_vectors
+"""
+"""Every table that holds a user's data. `roots`: the user's namespace roots in the store
+(`memories.<user>` for the assistant, `<user>` for research and planner memories)."""
 
 
 class SessionRevoker(Protocol):
@@ -150,7 +184,7 @@ class Privacy:
         return int(row["days"]) if row and row["days"] is not None else None
 
     async def set_retention_days(self, user_id: str, days: int | None) -> None:
-        async with self.pool.connection() as conn:
+        async with fenced(self.pool) as conn:
             await conn.execute(
                 "INSERT INTO cairn_retention (user_id, days) VALUES (%s, %s) "
                 "ON CONFLICT (user_id) DO UPDATE SET days = EXCLUDED.days",
@@ -177,8 +211,15 @@ class Privacy:
 
     async def wipe_account(self, user_id: str) -> WipeReport:
         """Delete all my data: sessions ended first, then memories, every conversation with
-        its checkpoints, queued jobs, Chainlit rows, dead letters and settings; tombstones
-        last. Logged in cairn_wipes and checked at the end; safe to run again."""
+        its checkpoints, runs, queued jobs, Chainlit rows, dead letters and settings;
+        tombstones last. Logged in cairn_wipes and checked at the end; safe to run again.
+
+        Ending the sessions records the user's cut-off under the user's lock held
+        exclusively (graphs.core.fence): from then on every write authorised before it, on
+        any worker (a chat turn, a run in flight, a memory job), is refused in Postgres, and
+        every one made before has committed, so the deletes below see it. The login account
+        itself stays: the user may sign in again, as a fresh account.
+        """
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "INSERT INTO cairn_wipes (user_id) VALUES (%s) RETURNING id", (user_id,)
@@ -189,24 +230,29 @@ class Privacy:
         log.info("wipe %d started for user %s", report.wipe_id, user_id)
         await self.revocations.revoke(user_id)
         await self._step(report, "sessions_ended")
+        deadline = time.monotonic() + WIPE_WAIT_S
         for _ in range(WIPE_PASSES):
             await self._wipe_pass(user_id, report)
             report.leftovers = await self.leftovers(user_id, report.thread_ids)
-            if report.verified:
+            if report.verified or time.monotonic() > deadline:
                 break
+            # A memory job still running elsewhere has its writes refused and ends soon.
             log.warning("wipe %d: leftovers %s, running again", report.wipe_id, report.leftovers)
+            await asyncio.sleep(WIPE_RETRY_S)
         async with self.pool.connection() as conn:
             await conn.execute(
                 "UPDATE cairn_wipes SET step = 'done', finished_at = now(), counts = %s, "
                 "verified = %s WHERE id = %s",
                 (Jsonb(report.counts), report.verified, report.wipe_id),
             )
-        log.info(
-            "wipe %d finished for user %s: %s (verified: %s)",
+        log.log(
+            logging.INFO if report.verified else logging.ERROR,
+            "wipe %d finished for user %s: %s (verified: %s, leftovers: %s)",
             report.wipe_id,
             user_id,
             report.counts,
             report.verified,
+            {k: v for k, v in report.leftovers.items() if v},
         )
         return report
 
@@ -215,6 +261,13 @@ class Privacy:
         if self.memory_jobs is not None:
             counts["jobs"] = counts.get("jobs", 0) + await self.memory_jobs.cancel_user(
                 user_id=user_id
+            )
+        async with self.pool.connection() as conn:
+            # Failed and cancelled ones too (their arguments name the user); a running one is
+            # left to finish: its writes are refused, and the next pass takes its row.
+            await conn.execute(
+                "DELETE FROM procrastinate_jobs WHERE args->>'user_id' = %s AND status <> 'doing'",
+                (user_id,),
             )
         await self._step(report, "jobs_cancelled")
         threads = await self._thread_ids(user_id)
@@ -226,6 +279,7 @@ class Privacy:
             await conn.execute(
                 "DELETE FROM research_fetch_log WHERE thread_id = ANY(%s)", (threads,)
             )
+            await conn.execute("DELETE FROM cairn_runs WHERE user_id = %s", (user_id,))
         counts["conversations"] = counts.get("conversations", 0) + len(threads)
         await self._step(report, "checkpoints_deleted")
         memory = ScopedMemory(self.store, user_id)
@@ -238,8 +292,10 @@ class Privacy:
             )
         await self._step(report, "memories_deleted")
         async with self.pool.connection() as conn:
-            # ON DELETE CASCADE takes the user's threads, steps, elements and feedback.
+            # ON DELETE CASCADE takes the user's threads, steps, elements and feedback; a
+            # thread Chainlit created without an owner yet (a late step) goes by its id.
             await conn.execute('DELETE FROM "User" WHERE identifier = %s', (user_id,))
+            await conn.execute('DELETE FROM "Thread" WHERE id = ANY(%s)', (threads,))
             await conn.execute("DELETE FROM memory_dead_letters WHERE user_id = %s", (user_id,))
             await conn.execute("DELETE FROM cairn_retention WHERE user_id = %s", (user_id,))
             # Personal access tokens (auth/tokens.py) and their call log: already refused by
@@ -272,42 +328,29 @@ class Privacy:
             cur = await conn.execute(
                 "SELECT thread_id FROM cairn_threads WHERE owner_id = %s "
                 'UNION SELECT t.id FROM "Thread" t JOIN "User" u ON u.id = t."userId" '
-                "WHERE u.identifier = %s",
-                (user_id, user_id),
+                "WHERE u.identifier = %s "
+                "UNION SELECT thread_id FROM cairn_runs WHERE user_id = %s",
+                (user_id, user_id, user_id),
             )
             return [row["thread_id"] for row in await cur.fetchall()]
 
     async def leftovers(self, user_id: str, thread_ids: set[str]) -> dict[str, int]:
-        """What of the user is still stored; all zeros after a finished wipe.
+        """What of the user is still stored, counted in every table that holds user data;
+        all zeros after a finished wipe. Only the login account (so the user can sign in
+        again), the session cut-off (so old sessions stay ended) and the wipe's own log keep
+        the user's id.
 
-        A job already running is not counted: it re-checks thread ownership under the
-        user's lock before writing, and the owner records are gone.
+        Threads are those the wipe found plus any the user still has; the store is counted
+        in SQL under both of the user's namespace roots, not through the scoped wrapper.
         """
-        memory = ScopedMemory(self.store, user_id)
         threads = sorted(thread_ids | set(await self._thread_ids(user_id)))
+        label = user_label(user_id)
+        roots = [f"{ROOT}.{label}", label]
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT "
-                " (SELECT count(*) FROM cairn_threads WHERE owner_id = %(u)s) AS owned,"
-                ' (SELECT count(*) FROM "User" WHERE identifier = %(u)s) AS chainlit_user,'
-                " (SELECT count(*) FROM procrastinate_jobs WHERE args->>'user_id' = %(u)s"
-                "   AND status = 'todo') AS jobs,"
-                " (SELECT count(*) FROM memory_dead_letters WHERE user_id = %(u)s) AS dead,"
-                " (SELECT count(*) FROM cairn_access_tokens WHERE user_id = %(u)s)"
-                " + (SELECT count(*) FROM cairn_token_calls WHERE user_id = %(u)s) AS tokens,"
-                " (SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%(t)s))"
-                " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))"
-                " + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s))"
-                " AS checkpoints,"
-                " (SELECT count(*) FROM research_fetch_log WHERE thread_id = ANY(%(t)s))"
-                " AS fetched_pages",
-                {"u": user_id, "t": threads},
-            )
+            cur = await conn.execute(LEFTOVERS_SQL, {"u": user_id, "t": threads, "roots": roots})
             row = await cur.fetchone()
         assert row is not None
-        found = {key: int(value) for key, value in row.items()}
-        found["store_items"] = len(await memory.items(include_tombstones=True))
-        return found
+        return {key: int(value) for key, value in row.items()}
 
     async def _step(self, report: WipeReport, step: str) -> None:
         async with self.pool.connection() as conn:

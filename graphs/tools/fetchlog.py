@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from graphs.core.fence import fenced
+
 if TYPE_CHECKING:
     from graphs.core.pool import Pool
 
@@ -91,7 +93,8 @@ class PostgresFetchLog:
         self._pool = pool
 
     async def record(self, record: FetchRecord) -> FetchRecord:
-        async with self._pool.connection() as conn:
+        # Fenced: a page fetched for a run whose user was wiped meanwhile is not logged.
+        async with fenced(self._pool) as conn:
             cur = await conn.execute(
                 "INSERT INTO research_fetch_log (thread_id, url, final_url, status, content_hash,"
                 " title, content, error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"

@@ -387,3 +387,82 @@ async def test_reopening_shows_a_pending_question_again_for_its_owner_only():
     assert [q[0] for q in surface.questions] == ["confirm_memory"]
     with pytest.raises(ThreadNotFound):
         await runner.pending(user_id="bob", thread_id="t1")
+
+
+class RefusingSaver(InMemorySaver):
+    """A saver whose user's data was wiped after the run began (graphs.core.fence): the first
+    checkpoint is kept, every later write is refused, as CairnSaver does in Postgres."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.authorities: list[Any] = []
+        self.wiped = True
+        self.kept = 0
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        from graphs.core import fence
+
+        self.authorities.append(fence.current())
+        if self.wiped and self.kept:
+            raise fence.WriteRefused(fence.SESSION_ENDED)
+        self.kept += 1
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+
+async def test_a_run_whose_writes_are_refused_stops_with_the_session_notice_and_no_after_turn():
+    from graphs.core import fence
+
+    seen: list[str] = []
+
+    async def hook(services: Any, context: Any) -> None:
+        seen.append(context.thread_id)
+
+    spec = assistant_spec(after_turn=hook)
+    saver = RefusingSaver()
+    runner = Runner(
+        agents=[spec],
+        graphs={"assistant": spec.build(checkpointer=saver, store=InMemoryStore(),
+                                        model=ScriptedChatModel(["hi", "again"]))},
+        threads=MemoryThreads(),
+        locks=MemoryLocks(),
+    )  # fmt: skip
+    surface = RecordingSurface()
+    session = fence.Fence("alice", 1000.0)
+
+    with fence.acting_for(session):
+        outcome = await send(runner, surface, "hi")
+    await runner.drain()
+
+    assert outcome.status == "stopped"
+    assert surface.said == [("refuse", fence.SESSION_ENDED)]
+    assert seen == []
+    # Every write carried the session's authority.
+    assert saver.authorities
+    assert all(a == session for a in saver.authorities)
+
+
+async def test_a_run_outside_any_session_writes_under_an_authority_of_its_own():
+    """A run the server resumes has no session: it is authorised from when it starts."""
+    import time
+
+    from graphs.core import fence
+
+    spec = assistant_spec()
+    saver = RefusingSaver()
+    saver.wiped = False
+    runner = Runner(
+        agents=[spec],
+        graphs={"assistant": spec.build(checkpointer=saver, store=InMemoryStore(),
+                                        model=ScriptedChatModel(["hi"]))},
+        threads=MemoryThreads(),
+        locks=MemoryLocks(),
+    )  # fmt: skip
+    started = time.time()
+    outcome = await send(runner, RecordingSurface(), "hi")
+
+    assert outcome.status == "done"
+    [own] = set(saver.authorities)
+    assert isinstance(own, fence.Fence)
+    assert own.user_id == "alice"
+    assert own.since >= started
+    assert fence.current() is None  # nothing leaks out of the run
