@@ -13,11 +13,19 @@ from graphs.memory.scoped import Memory, ScopedMemory
 log = logging.getLogger("cairn.memory")
 
 DEFAULT_LIMIT = 3
-"""`make eval`: no query had more than 3 facts above the threshold; limits 3/5/8 scored alike."""
-DEFAULT_THRESHOLD = 0.25
-"""Cosine similarity below which a fact is not worth the prompt space. `make eval` (MiniLM):
-best F1 at 0.25 (precision 0.77, recall 0.59); 0.30 kept precision 0.89 but halved recall;
-no "nothing relevant" query returned anything at 0.20 or above."""
+"""`make eval` (tuning split): limits 3 and 5 scored alike once the relative band below applies;
+ties go to the smaller limit (less prompt)."""
+DEFAULT_THRESHOLD = 0.22
+"""Cosine similarity below which a fact is not worth the prompt space, whatever else scored.
+Each fact scores by the closer of its two vectors, the fact and its "when this matters" cue
+(graphs.memory.cues). `make eval`, MiniLM, tuning split: the highest F1 with no
+"nothing relevant" query getting anything (0.21 lets one through)."""
+DEFAULT_RELATIVE = 0.9
+"""A fact must also score at least this share of the best match for the same message: a
+per-message threshold. Cues make loosely related facts score 0.25-0.4 against most requests
+of their kind; the fact the message is about scores clearly above them. `make eval`, tuning
+split, at 0.22: precision 0.55 -> 0.81 for recall 0.74 -> 0.76 (0.96-0.98: precision 0.84,
+recall 0.73)."""
 
 _TRIVIAL = re.compile(
     r"^(thanks?|thank you|thx|ty|ok(ay)?|k|cool|great|nice|yes|no|yep|nope|sure|"
@@ -50,6 +58,7 @@ async def recall(
     *,
     limit: int = DEFAULT_LIMIT,
     threshold: float = DEFAULT_THRESHOLD,
+    relative: float = DEFAULT_RELATIVE,
 ) -> Recalled:
     """Read straight from the store every turn: no cache, so a forget is honoured next turn.
 
@@ -66,7 +75,7 @@ async def recall(
     # Stored before the policy refused such claims (or behind its back): never replayed, as
     # a prompt would read them as an entitlement.
     pinned = [m for m in pinned if not claims_authority(m.content)]
-    relevant = [m for m in relevant if not claims_authority(m.content)]
+    relevant = within_band([m for m in relevant if not claims_authority(m.content)], relative)
     latency_ms = (time.perf_counter() - started) * 1000
     log.info(
         "recall user=%s pinned=%d relevant=%d searched=%s latency_ms=%.1f",
@@ -77,6 +86,15 @@ async def recall(
         latency_ms,
     )
     return Recalled(pinned=pinned, relevant=relevant, latency_ms=latency_ms, searched=searched)
+
+
+def within_band(found: list[Memory], relative: float) -> list[Memory]:
+    """The matches scoring at least `relative` times the best one, best first."""
+    if not found:
+        return []
+    ranked = sorted(found, key=lambda m: m.score or 0.0, reverse=True)
+    floor = (ranked[0].score or 0.0) * relative
+    return [m for m in ranked if (m.score or 0.0) >= floor]
 
 
 def memory_block(recalled: Recalled) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 
 from graphs.core.store import PipelinedStore
+from graphs.memory.cues import cue_for
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
 
@@ -37,6 +38,8 @@ MEMORY_KINDS = (PROFILE, FACTS)
 RESEMBLANCE = 0.78
 """Cosine similarity (MiniLM) at which a fact is a forgotten one in other words: keeps apart
 "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76)."""
+INDEXED_FIELDS = ["content", "cue"]
+"""A memory is found by the closer of its fact and its "when this matters" cue (graphs.memory.cues)."""
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
 
 
@@ -243,8 +246,10 @@ class ScopedMemory:
             "source": source,
             "confidence": confidence,
             "stated": stated,
+            "cue": cue_for(content),
         }
-        await self._store.aput(self._ns(self.kind_for(key)), key, value)
+        # Both vectors are always written, so an update never leaves a stale cue behind.
+        await self._store.aput(self._ns(self.kind_for(key)), key, value, index=INDEXED_FIELDS)
 
     async def delete(self, key: str) -> None:
         await self._store.adelete(self._ns(self.kind_for(key)), key)
