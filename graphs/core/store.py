@@ -49,6 +49,12 @@ _SEARCH_EXACT = (
 )
 
 
+_STAMP_EXISTING = (
+    "UPDATE store SET value = jsonb_set(value, %s, to_jsonb(%s::text))"
+    " WHERE prefix = %s AND key = ANY(%s)"
+)
+
+
 class PipelinedStore(AsyncPostgresStore):
     """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round trip."""
 
@@ -83,6 +89,21 @@ class PipelinedStore(AsyncPostgresStore):
                 statements.append((_LIST_EXACT, params, self._search_items(results, idx)))
         await self._run_pipelined(statements)
         return results
+
+    async def astamp_existing(
+        self, namespace: tuple[str, ...], keys: Sequence[str], *, field: str, at: str
+    ) -> int:
+        """Set one top-level text field of the items that exist under these keys; returns how many.
+
+        An UPDATE, never an upsert: an item deleted meanwhile stays deleted. The value is changed
+        in place, so the item's vectors and `updated_at` are untouched (no re-embedding).
+        """
+        if not keys:
+            return 0
+        params = ([field], at, _namespace_to_text(namespace), list(keys))
+        async with self._cursor() as cur:
+            await cur.execute(_STAMP_EXISTING, params)
+            return cur.rowcount
 
     async def _run_pipelined(self, statements: Sequence[Statement]) -> None:
         """Send every statement, then read every result: one round trip for the lot."""

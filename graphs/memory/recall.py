@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -86,6 +87,37 @@ async def recall(
         latency_ms,
     )
     return Recalled(pinned=pinned, relevant=relevant, latency_ms=latency_ms, searched=searched)
+
+
+_NOTING: set[asyncio.Task[None]] = set()
+"""Last-recalled stamps under way (a reference keeps each task alive until it is done)."""
+
+
+def note_recalled(memory: ScopedMemory, recalled: Recalled) -> None:
+    """Stamp the recalled facts' last-used time in the background, off the reply's path.
+
+    One UPDATE of existing rows, concurrent with the model call and never awaited by the turn;
+    a stamp lost to a crash only makes "last used" older. A fact forgotten meanwhile is not
+    written back (ScopedMemory.mark_recalled).
+    """
+    keys = [m.key for m in recalled.memories]
+    if not keys:
+        return
+    task = asyncio.get_running_loop().create_task(_stamp(memory, keys))
+    _NOTING.add(task)
+    task.add_done_callback(_NOTING.discard)
+
+
+async def _stamp(memory: ScopedMemory, keys: list[str]) -> None:
+    try:
+        await memory.mark_recalled(keys)
+    except Exception:
+        log.exception("could not record last-recalled time user=%s", memory.user_id)
+
+
+async def stamps_settled() -> None:
+    """Wait for the stamps under way (tests, and shutdown)."""
+    await asyncio.gather(*_NOTING, return_exceptions=True)
 
 
 def within_band(found: list[Memory], relative: float) -> list[Memory]:

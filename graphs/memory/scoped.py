@@ -40,6 +40,7 @@ RESEMBLANCE = 0.78
 "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76)."""
 INDEXED_FIELDS = ["content", "cue"]
 """A memory is found by the closer of its fact and its "when this matters" cue (graphs.memory.cues)."""
+LAST_RECALLED = "last_recalled_at"
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
 
 
@@ -64,6 +65,8 @@ class Memory:
     confidence: float
     stated: bool
     score: float | None = None
+    last_recalled_at: str | None = None
+    """When recall last put this fact in front of the model (graphs.memory.recall)."""
 
     @classmethod
     def from_item(cls, item: Item) -> Memory:
@@ -77,6 +80,7 @@ class Memory:
             confidence=float(v.get("confidence", 0.0)),
             stated=bool(v.get("stated", True)),
             score=getattr(item, "score", None),
+            last_recalled_at=v.get(LAST_RECALLED) or None,
         )
 
 
@@ -250,6 +254,33 @@ class ScopedMemory:
         }
         # Both vectors are always written, so an update never leaves a stale cue behind.
         await self._store.aput(self._ns(self.kind_for(key)), key, value, index=INDEXED_FIELDS)
+
+    async def mark_recalled(self, keys: list[str], *, at: str | None = None) -> int:
+        """Stamp when these memories were last recalled; a memory deleted meanwhile stays deleted.
+
+        On Postgres one UPDATE per namespace, of existing rows only (no upsert, no re-embedding).
+        Elsewhere (in-memory stores in tests) a read and re-put under the user's lock, which
+        `forget` also holds, so a forgotten item is never written back.
+        """
+        at = at or now_iso()
+        stamped = 0
+        for kind in MEMORY_KINDS:
+            mine = [k for k in dict.fromkeys(keys) if self.kind_for(k) == kind]
+            if not mine:
+                continue
+            if isinstance(self._store, PipelinedStore):
+                stamped += await self._store.astamp_existing(
+                    self._ns(kind), mine, field=LAST_RECALLED, at=at
+                )
+                continue
+            async with self.locked():
+                for key in mine:
+                    item = await self._store.aget(self._ns(kind), key)
+                    if item is not None:
+                        value = {**item.value, LAST_RECALLED: at}
+                        await self._store.aput(self._ns(kind), key, value, index=INDEXED_FIELDS)
+                        stamped += 1
+        return stamped
 
     async def delete(self, key: str) -> None:
         await self._store.adelete(self._ns(self.kind_for(key)), key)
