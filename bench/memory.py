@@ -22,7 +22,6 @@ from graphs.core.persistence import (
     start_embedded_postgres,
 )
 from graphs.core.settings import Settings
-from graphs.memory.cues import cue_for
 
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 USERS = 1_000
@@ -74,10 +73,7 @@ async def _seed(p: Persistence, rng: random.Random) -> list[str]:
     """100k memories for 1,000 users, written straight into the store's tables (COPY)."""
     users = [f"bench:{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(USERS)]
     texts = sorted({t for _ in range(3) for t in _facts(rng, PER_USER)})
-    cues = {t: cue_for(t) for t in texts}
-    distinct = sorted({*texts, *cues.values()})
-    embedded = await p.embedding.embeddings.aembed_documents(distinct)
-    vectors = dict(zip(distinct, embedded, strict=True))
+    vectors = dict(zip(texts, await p.embedding.embeddings.aembed_documents(texts), strict=True))
     async with p.pool.connection() as conn:
         async with conn.cursor().copy("COPY store (prefix, key, value) FROM STDIN") as copy:
             for user in users:
@@ -89,11 +85,9 @@ async def _seed(p: Persistence, rng: random.Random) -> list[str]:
         async with conn.cursor().copy(
             "COPY store_vectors (prefix, key, field_name, embedding) FROM STDIN"
         ) as copy:
-            # As ScopedMemory.put indexes them: the fact and its cue, two vectors per memory.
             for row in rows:
-                for field, text in (("content", row["c"]), ("cue", cues[row["c"]])):
-                    vec = "[" + ",".join(f"{x:.6f}" for x in vectors[text]) + "]"
-                    await copy.write_row((row["prefix"], row["key"], field, vec))
+                vec = "[" + ",".join(f"{x:.6f}" for x in vectors[row["c"]]) + "]"
+                await copy.write_row((row["prefix"], row["key"], "content", vec))
         await conn.execute("ANALYZE store; ANALYZE store_vectors")
     return users
 
@@ -112,15 +106,18 @@ async def bench_recall(p: Persistence) -> dict[str, Any]:
         t0 = time.perf_counter()
         await p.embedding.embeddings.aembed_query(query)
         embed_ms.append((time.perf_counter() - t0) * 1000)
-        found = await recall(
-            ScopedMemory(p.store, user), query, limit=5, threshold=0.0, relative=0.0
-        )
+        # The app's recall at its defaults (band, situation boost), but with limit 5 and no
+        # threshold so every search returns a full page of rows.
+        found = await recall(ScopedMemory(p.store, user), query, limit=5, threshold=0.0)
         latencies.append(found.latency_ms)
-        if [m.key for m in found.relevant] != await _exact(p, user, query):
+        # Ranking check, untimed: without band and boost, the search must be the exact one.
+        plain = await recall(
+            ScopedMemory(p.store, user), query, limit=5, threshold=0.0, relative=0.0, boost=0.0
+        )
+        if [m.key for m in plain.relevant] != await _exact(p, user, query):
             mismatches += 1
     return {
         "memories": USERS * PER_USER,
-        "vectors_per_memory": 2,
         "users": USERS,
         "seed_s": round(seed_s, 1),
         "recall_ms": Stats.of(latencies).__dict__,
@@ -131,13 +128,13 @@ async def bench_recall(p: Persistence) -> dict[str, Any]:
 
 
 async def _exact(p: Persistence, user: str, query: str) -> list[str]:
-    """Brute-force cosine ranking over the user's vectors (closest field wins): the ground truth."""
+    """Brute-force cosine ranking over the user's vectors: the ground truth."""
     vector = await p.embedding.embeddings.aembed_query(query)
     literal = "[" + ",".join(f"{x:.6f}" for x in vector) + "]"
     async with p.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT key FROM store_vectors WHERE prefix = %s GROUP BY key "
-            "ORDER BY min(embedding <=> %s::vector), key LIMIT 5",
+            "SELECT key FROM store_vectors WHERE prefix = %s "
+            "ORDER BY embedding <=> %s::vector, key LIMIT 5",
             (f"memories.{user}.facts", literal),
         )
         return [r["key"] for r in await cur.fetchall()]

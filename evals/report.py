@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from evals.writes import MISSED_SAVE, MISSED_UPDATE, OK, WRONG_KEY
-from graphs.memory.recall import DEFAULT_LIMIT, DEFAULT_RELATIVE, DEFAULT_THRESHOLD
+from graphs.memory.recall import (
+    DEFAULT_BOOST,
+    DEFAULT_LIMIT,
+    DEFAULT_RELATIVE,
+    DEFAULT_THRESHOLD,
+)
 
 if TYPE_CHECKING:
     from evals.retrieval import RetrievalResult, Score
@@ -86,8 +91,10 @@ def before_after(splits: list[RetrievalResult]) -> str:
         [
             "Retrieval before and after issue 15, both splits (before: the fact's own vector, "
             "top 3 above 0.25;",
-            f"  now: the closer of fact and cue vectors, top {DEFAULT_LIMIT} above "
-            f"{DEFAULT_THRESHOLD:.2f} and within {DEFAULT_RELATIVE:.0%} of the best match)",
+            f"  now: cosine to the fact, +{DEFAULT_BOOST:.2f} when the message asks about a "
+            "situation the fact bears on (graphs.memory.situations),",
+            f"  top {DEFAULT_LIMIT} above {DEFAULT_THRESHOLD:.2f} and within "
+            f"{DEFAULT_RELATIVE:.0%} of the best match; the held-out split was never tuned on)",
             table(("split", "", *SCORE_HEADERS[:-1]), rows),
         ]
     )

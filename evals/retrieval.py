@@ -195,7 +195,7 @@ async def run_queries(
 
 
 async def run_before(store: BaseStore, dataset: RetrievalSet) -> list[Outcome]:
-    """Each query as recall ranked it before cues: cosine to the fact's own vector only."""
+    """Each query as recall ranked it before issue 15: cosine to the fact, top 3 above 0.25."""
     if not isinstance(store, PipelinedStore) or store.embeddings is None:
         msg = "the before-figures need the Postgres store"
         raise TypeError(msg)

@@ -39,15 +39,17 @@ _LIST_EXACT = (
     " FROM store s WHERE s.prefix = %s AND (s.expires_at IS NULL OR s.expires_at > now())"
     " ORDER BY s.updated_at DESC LIMIT %s OFFSET %s"
 )
-# An item scores by its closest indexed field, as in the store's own search (DISTINCT ON).
+# An item scores by its closest indexed field, as in the store's own search (DISTINCT ON), plus
+# `boost` when its content matches the given case-insensitive regular expression
+# (graphs.memory.situations; NULL boosts nothing).
 _SEARCH_EXACT = (
     "SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,"
-    " 1 - min(v.embedding <=> %s::vector) AS score"
+    " 1 - min(v.embedding <=> %s::vector)"
+    " + CASE WHEN bool_or(s.value->>'content' ~* %s) THEN %s ELSE 0 END AS score"
     " FROM store s JOIN store_vectors v ON v.prefix = s.prefix AND v.key = s.key"
     " WHERE s.prefix = %s AND (s.expires_at IS NULL OR s.expires_at > now())"
     " GROUP BY s.prefix, s.key ORDER BY score DESC, s.key LIMIT %s OFFSET %s"
 )
-
 
 _STAMP_EXISTING = (
     "UPDATE store SET value = jsonb_set(value, %s, to_jsonb(%s::text))"
@@ -58,12 +60,19 @@ _STAMP_EXISTING = (
 class PipelinedStore(AsyncPostgresStore):
     """`AsyncPostgresStore` plus `aread_exact`: a batch of leaf-namespace reads in one round trip."""
 
-    async def aread_exact(self, ops: Sequence[GetOp | SearchOp]) -> list[Result]:
+    async def aread_exact(
+        self,
+        ops: Sequence[GetOp | SearchOp],
+        *,
+        boost_pattern: str | None = None,
+        boost: float = 0.0,
+    ) -> list[Result]:
         """`abatch(ops)` for reads of namespaces that have no child namespaces.
 
         A SearchOp's namespace is matched exactly rather than as a prefix: only for namespaces
         nothing is stored beneath. Items, cosine scores and order are the store's; filters are
-        not supported. Query embeddings are computed before a connection is taken.
+        not supported. Query embeddings are computed before a connection is taken. Items whose
+        content matches `boost_pattern` (Postgres `~*`) score `boost` more.
         """
         if self.embeddings is None or (self.index_config or {}).get("distance_type") != "cosine":
             msg = "aread_exact needs the store's cosine vector index"
@@ -82,7 +91,7 @@ class PipelinedStore(AsyncPostgresStore):
                 raise ValueError(msg)
             namespace = _namespace_to_text(op.namespace_prefix)
             if op.query:
-                params = (next(vectors), namespace, op.limit, op.offset)
+                params = (next(vectors), boost_pattern, boost, namespace, op.limit, op.offset)
                 statements.append((_SEARCH_EXACT, params, self._search_items(results, idx)))
             else:
                 params = (namespace, op.limit, op.offset)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, cast
 from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 
 from graphs.core.store import PipelinedStore
-from graphs.memory.cues import cue_for
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
+from graphs.memory.situations import fact_pattern, request_situations, situations_for
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -38,8 +38,6 @@ MEMORY_KINDS = (PROFILE, FACTS)
 RESEMBLANCE = 0.78
 """Cosine similarity (MiniLM) at which a fact is a forgotten one in other words: keeps apart
 "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76)."""
-INDEXED_FIELDS = ["content", "cue"]
-"""A memory is found by the closer of its fact and its "when this matters" cue (graphs.memory.cues)."""
 LAST_RECALLED = "last_recalled_at"
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
 
@@ -141,12 +139,22 @@ class ScopedMemory:
         """Serialise this user's memory mutations (across workers with Postgres)."""
         return self._locks.hold(self.user_id)
 
-    async def _read(self, ops: list[Any]) -> list[Any]:
+    async def _read(
+        self, ops: list[Any], *, query: str | None = None, boost: float = 0.0
+    ) -> list[Any]:
         """A batch of reads in one round trip. Every namespace built by `_ns` is a leaf (nothing
-        is stored beneath it), so on Postgres it is matched exactly (graphs.core.store)."""
+        is stored beneath it), so on Postgres it is matched exactly (graphs.core.store).
+
+        A search for `query` adds `boost` to the facts that bear on a situation the query asks
+        about (graphs.memory.situations): in the query on Postgres; elsewhere (in-memory stores
+        in tests) to the results, after the store's own limit.
+        """
+        asked = request_situations(query) if query and boost else []
         if isinstance(self._store, PipelinedStore):
-            return await self._store.aread_exact(ops)
-        return list(await self._store.abatch(ops))
+            pattern = fact_pattern(asked)
+            return await self._store.aread_exact(ops, boost_pattern=pattern, boost=boost)
+        results = list(await self._store.abatch(ops))
+        return [_boosted(r, asked, boost) if isinstance(r, list) else r for r in results]
 
     # Memories -----------------------------------------------------------------------------
 
@@ -159,7 +167,7 @@ class ScopedMemory:
         return [Memory.from_item(i) for i in items]
 
     async def recall_batch(
-        self, query: str | None, *, limit: int, threshold: float
+        self, query: str | None, *, limit: int, threshold: float, boost: float = 0.0
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
         """Settings, pinned facts and the facts closest to query, in one store round trip.
 
@@ -174,7 +182,7 @@ class ScopedMemory:
         ]
         if query:
             ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False))
-        settings_item, profile, *rest = await self._read(ops)
+        settings_item, profile, *rest = await self._read(ops, query=query, boost=boost)
         found = rest[0] if rest else []
         relevant = [
             Memory.from_item(i)
@@ -250,10 +258,8 @@ class ScopedMemory:
             "source": source,
             "confidence": confidence,
             "stated": stated,
-            "cue": cue_for(content),
         }
-        # Both vectors are always written, so an update never leaves a stale cue behind.
-        await self._store.aput(self._ns(self.kind_for(key)), key, value, index=INDEXED_FIELDS)
+        await self._store.aput(self._ns(self.kind_for(key)), key, value)
 
     async def mark_recalled(self, keys: list[str], *, at: str | None = None) -> int:
         """Stamp when these memories were last recalled; a memory deleted meanwhile stays deleted.
@@ -278,7 +284,7 @@ class ScopedMemory:
                     item = await self._store.aget(self._ns(kind), key)
                     if item is not None:
                         value = {**item.value, LAST_RECALLED: at}
-                        await self._store.aput(self._ns(kind), key, value, index=INDEXED_FIELDS)
+                        await self._store.aput(self._ns(kind), key, value)
                         stamped += 1
         return stamped
 
@@ -448,6 +454,18 @@ def _existing(memories: list[Memory]) -> dict[str, Existing]:
 
 def _tombstone(item: Item) -> Tombstone:
     return Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
+
+
+def _boosted(items: list[Any], asked: list[Any], boost: float) -> list[Any]:
+    if not asked:
+        return items
+    names = {s.name for s in asked}
+    for item in items:
+        if item.score is not None and names & {
+            s.name for s in situations_for(item.value.get("content", ""))
+        }:
+            item.score += boost
+    return sorted(items, key=lambda i: i.score or 0.0, reverse=True)
 
 
 def _settings_from(item: Item | None) -> MemorySettings:
