@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from evals.writes import MISSED_SAVE, MISSED_UPDATE, OK, WRONG_KEY
-from graphs.memory.recall import DEFAULT_LIMIT, DEFAULT_THRESHOLD
+from graphs.memory.recall import (
+    DEFAULT_BOOST,
+    DEFAULT_LIMIT,
+    DEFAULT_RELATIVE,
+    DEFAULT_THRESHOLD,
+)
 
 if TYPE_CHECKING:
     from evals.retrieval import RetrievalResult, Score
@@ -29,13 +34,19 @@ def pct(value: float) -> str:
     return f"{value:.1%}"
 
 
-def header(*, model: str, offline: bool, embedding: str, r: RetrievalResult, w: WriteResult) -> str:
+def header(
+    *, model: str, offline: bool, embedding: str, splits: list[RetrievalResult], w: WriteResult
+) -> str:
     lines = [
         "Cairn memory eval",
         f"  writer model : {model}",
         f"  embeddings   : {embedding}",
-        f"  retrieval set: {r.memories} memories ({r.searchable} searchable, the rest pinned "
-        f"profile facts) of {r.users} users; {r.queries} queries, {r.empty_queries} with nothing relevant",
+        *(
+            f"  retrieval {r.split + ':':<9} {r.memories} memories ({r.searchable} searchable, "
+            f"the rest pinned profile facts) of {r.users} users; {r.queries} queries, "
+            f"{r.empty_queries} with nothing relevant"
+            for r in splits
+        ),
         f"  write set    : {len(w.cases)} conversations, {len(w.verdicts)} candidate facts",
     ]
     if offline:
@@ -69,24 +80,47 @@ def _score_row(s: Score, *, best: Score) -> list[object]:
 SCORE_HEADERS = ("limit", "threshold", "precision", "recall", "F1", "hit/got/want", "noise", "")
 
 
+def before_after(splits: list[RetrievalResult]) -> str:
+    """Recall as it was (fact vector only, limit 3, threshold 0.25) beside the new defaults."""
+    rows = [
+        [r.split, label, *_score_row(s, best=r.best)[:7]]
+        for r in splits
+        for label, s in (("before", r.before), ("now", r.defaults))
+    ]
+    return "\n".join(
+        [
+            "Retrieval before and after issue 15, both splits (before: the fact's own vector, "
+            "top 3 above 0.25;",
+            f"  now: cosine to the fact, +{DEFAULT_BOOST:.2f} when the message asks about a "
+            "situation the fact bears on (graphs.memory.situations),",
+            f"  top {DEFAULT_LIMIT} above {DEFAULT_THRESHOLD:.2f} and within "
+            f"{DEFAULT_RELATIVE:.0%} of the best match; the held-out split was never tuned on)",
+            table(("split", "", *SCORE_HEADERS[:-1]), rows),
+        ]
+    )
+
+
 def retrieval_section(r: RetrievalResult) -> str:
     d, best = r.defaults, r.best
     lines = [
-        "Retrieval: recall(ScopedMemory, query).relevant, micro-averaged over all queries",
+        f"Retrieval ({r.split} split): recall(ScopedMemory, query).relevant, micro-averaged "
+        "over all queries",
         "  (pinned profile facts are not scored; noise = queries with nothing relevant that "
         "still got something)",
         table(SCORE_HEADERS, [_score_row(d, best=best)]),
-        "",
-        "  Sweep",
-        table(SCORE_HEADERS, [_score_row(s, best=best) for s in r.sweep]),
-        "",
-        f"  Best F1: limit {best.limit}, threshold {best.threshold:.2f} (F1 {best.f1:.3f}, "
-        f"precision {best.precision:.3f}, recall {best.recall:.3f}); defaults: limit "
-        f"{d.limit}, threshold {d.threshold:.2f} (F1 {d.f1:.3f}).",
-        f"  Same best F1 at: {_ties(r.ties)}",
-        "",
-        f"  Queries whose result differs from the label at the defaults: {len(r.misses)}",
     ]
+    if r.sweep:
+        lines += [
+            "",
+            "  Sweep (limit x threshold; the relative band stays at its default)",
+            table(SCORE_HEADERS, [_score_row(s, best=best) for s in r.sweep]),
+            "",
+            f"  Best F1: limit {best.limit}, threshold {best.threshold:.2f} (F1 {best.f1:.3f}, "
+            f"precision {best.precision:.3f}, recall {best.recall:.3f}); defaults: limit "
+            f"{d.limit}, threshold {d.threshold:.2f} (F1 {d.f1:.3f}).",
+            f"  Same best F1 at: {_ties(r.ties)}",
+        ]
+    lines += ["", f"  Queries whose result differs from the label at the defaults: {len(r.misses)}"]
     for o in r.misses:
         got = ", ".join(f"{k} {s:.2f}" for k, s in o.got) or "nothing"
         want = ", ".join(sorted(o.query.expected)) or "nothing"
@@ -169,11 +203,17 @@ def came_back_section(w: WriteResult) -> str:
 
 
 def render(
-    *, model: str, offline: bool, embedding: str, retrieval: RetrievalResult, writes: WriteResult
+    *,
+    model: str,
+    offline: bool,
+    embedding: str,
+    retrieval: list[RetrievalResult],
+    writes: WriteResult,
 ) -> str:
     sections = [
-        header(model=model, offline=offline, embedding=embedding, r=retrieval, w=writes),
-        retrieval_section(retrieval),
+        header(model=model, offline=offline, embedding=embedding, splits=retrieval, w=writes),
+        before_after(retrieval),
+        *(retrieval_section(r) for r in retrieval),
         writes_section(writes),
         came_back_section(writes),
     ]

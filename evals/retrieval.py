@@ -7,17 +7,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from langgraph.checkpoint.postgres import _ainternal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from graphs.core.store import PipelinedStore
 from graphs.memory.policy import Category
-from graphs.memory.recall import DEFAULT_LIMIT, DEFAULT_THRESHOLD, recall
-from graphs.memory.scoped import FACTS, ScopedMemory
+from graphs.memory.recall import (
+    DEFAULT_LIMIT,
+    DEFAULT_RELATIVE,
+    DEFAULT_THRESHOLD,
+    is_trivial,
+    recall,
+)
+from graphs.memory.scoped import FACTS, ROOT, ScopedMemory, user_label
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore
 
-SWEEP_THRESHOLDS = (0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
+SWEEP_THRESHOLDS = (0.2, 0.22, 0.25, 0.3, 0.35, 0.4, 0.5)
 SWEEP_LIMITS = (3, 5, 8)
+BEFORE_LIMIT, BEFORE_THRESHOLD = 3, 0.25
+"""Recall before issue 15: the fact's own vector only, top 3 above cosine 0.25, no band."""
+_BEFORE_SEARCH = (
+    "SELECT v.key, 1 - (v.embedding <=> %s::vector) AS score FROM store_vectors v"
+    " WHERE v.prefix = %s AND v.field_name = 'content' ORDER BY score DESC, v.key LIMIT %s"
+)
 
 
 class SeedMemory(BaseModel):
@@ -129,12 +143,16 @@ def score(outcomes: list[Outcome], *, limit: int, threshold: float) -> Score:
 
 @dataclass(frozen=True)
 class RetrievalResult:
+    split: str
+    """"tuning" (defaults chosen on it) or "held-out" (never tuned on)."""
     users: int
     memories: int
     searchable: int
     queries: int
     empty_queries: int
     defaults: Score
+    before: Score
+    """The same queries through recall as it was before issue 15 (BEFORE_*)."""
     sweep: list[Score]
     misses: list[Outcome]
     """Queries at the defaults whose result differs from the label."""
@@ -142,7 +160,9 @@ class RetrievalResult:
     @property
     def best(self) -> Score:
         """Highest F1; ties go to the smaller limit, then the higher threshold (less prompt)."""
-        return max(self.sweep, key=lambda s: (round(s.f1, 4), -s.limit, s.threshold))
+        return max(
+            self.sweep or [self.defaults], key=lambda s: (round(s.f1, 4), -s.limit, s.threshold)
+        )
 
     @property
     def ties(self) -> list[Score]:
@@ -175,31 +195,63 @@ async def run_queries(
     return outcomes
 
 
-async def evaluate_retrieval(store: BaseStore, dataset: RetrievalSet) -> RetrievalResult:
-    """Seed, then run every query at the defaults and at each point of the sweep."""
+async def run_before(store: BaseStore, dataset: RetrievalSet) -> list[Outcome]:
+    """Each query as recall ranked it before issue 15: cosine to the fact, top 3 above 0.25."""
+    if not isinstance(store, PipelinedStore) or store.embeddings is None:
+        msg = "the before-figures need the Postgres store"
+        raise TypeError(msg)
+    outcomes = []
+    for q in dataset.queries:
+        got: tuple[tuple[str, float], ...] = ()
+        if not is_trivial(q.query):
+            vector = await store.embeddings.aembed_query(q.query)
+            prefix = ".".join((ROOT, user_label(user_id(q.user)), FACTS))
+            async with _ainternal.get_connection(store.conn) as conn:
+                cur = await conn.execute(_BEFORE_SEARCH, (str(vector), prefix, BEFORE_LIMIT))
+                rows = await cur.fetchall()
+            got = tuple(
+                (r["key"], round(r["score"], 3)) for r in rows if r["score"] >= BEFORE_THRESHOLD
+            )
+        outcomes.append(Outcome(query=q, got=got))
+    return outcomes
+
+
+async def evaluate_retrieval(
+    store: BaseStore, dataset: RetrievalSet, *, split: str = "tuning", sweep: bool = True
+) -> RetrievalResult:
+    """Seed, then run every query at the defaults, as before, and at each point of the sweep.
+
+    The held-out split is run without the sweep: its figures are to be read, not tuned on."""
     await seed(store, dataset)
     at_defaults = await run_queries(
         store, dataset, limit=DEFAULT_LIMIT, threshold=DEFAULT_THRESHOLD
     )
-    sweep = [
+    before = score(await run_before(store, dataset), limit=BEFORE_LIMIT, threshold=BEFORE_THRESHOLD)
+    points = [
         score(await run_queries(store, dataset, limit=limit, threshold=t), limit=limit, threshold=t)
         for limit in SWEEP_LIMITS
         for t in SWEEP_THRESHOLDS
+        if sweep
     ]
     return RetrievalResult(
+        split=split,
+        before=before,
         users=len({m.user for m in dataset.memories}),
         memories=len(dataset.memories),
         searchable=sum(ScopedMemory.kind_for(m.key) == FACTS for m in dataset.memories),
         queries=len(dataset.queries),
         empty_queries=sum(not q.expected for q in dataset.queries),
         defaults=score(at_defaults, limit=DEFAULT_LIMIT, threshold=DEFAULT_THRESHOLD),
-        sweep=sweep,
+        sweep=points,
         misses=[o for o in at_defaults if {k for k, _ in o.got} != o.query.expected],
     )
 
 
 def retrieval_json(result: RetrievalResult) -> dict[str, Any]:
     return {
+        "split": result.split,
+        "relative": DEFAULT_RELATIVE,
+        "before": result.before.as_dict(),
         "users": result.users,
         "memories": result.memories,
         "searchable_memories": result.searchable,

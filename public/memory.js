@@ -144,15 +144,26 @@ function renderMemories() {
   select.value = categories.includes(chosen) ? chosen : "";
 
   const needle = $("filter").value.trim().toLowerCase();
+  const used = $("used-filter").value;
   const shown = state.memories.filter(
     (m) =>
       (!select.value || m.category === select.value) &&
+      usedMatches(m, used) &&
       (!needle || m.content.toLowerCase().includes(needle) || (searchHits && searchHits.has(m.key)))
   );
   const box = $("memories");
   box.replaceChildren();
   if (shown.length === 0) {
     box.append(el("p", state.memories.length ? "No memory matches." : "Nothing remembered yet.", "hint"));
+    return;
+  }
+  if ($("sort").value === "last-used") {
+    // One list, most recently used first; never-used memories last.
+    const list = el("ul", null, "list");
+    const byUse = [...shown].sort((a, b) => usedAt(b) - usedAt(a) || a.content.localeCompare(b.content));
+    for (const m of byUse) list.append(memoryRow(m));
+    box.append(list);
+    revealLinked();
     return;
   }
   const groups = new Map();
@@ -166,14 +177,43 @@ function renderMemories() {
     for (const m of memories) list.append(memoryRow(m));
     box.append(list);
   }
+  revealLinked();
+}
+
+const DAY_MS = 24 * 60 * 60 * 1000;
+
+function usedAt(m) {
+  const t = m.last_recalled_at ? new Date(m.last_recalled_at).getTime() : NaN;
+  return Number.isNaN(t) ? 0 : t;
+}
+
+// "", "never", or a number of days: used within that many days.
+function usedMatches(m, used) {
+  if (!used) return true;
+  if (used === "never") return usedAt(m) === 0;
+  return usedAt(m) > 0 && Date.now() - usedAt(m) <= Number(used) * DAY_MS;
+}
+
+// A reply's "Memory recall" step links here as /memory#memory-<key>: show that entry.
+let revealed = false;
+function revealLinked() {
+  if (revealed || !window.location.hash.startsWith("#memory-")) return;
+  const key = decodeURIComponent(window.location.hash.slice("#memory-".length));
+  const row = document.getElementById("memory-" + key);
+  if (!row) return;
+  revealed = true;
+  row.classList.add("linked");
+  row.scrollIntoView({ block: "center" });
 }
 
 function memoryRow(m) {
   const row = $("memory-row").content.firstElementChild.cloneNode(true);
   row.dataset.key = m.key;
+  row.id = "memory-" + m.key;
   row.querySelector(".text").textContent = m.content;
   const meta = row.querySelector(".meta");
-  meta.append("updated " + when(m.edited_at || m.updated_at));
+  const used = el("span", m.last_recalled_at ? "last used " + when(m.last_recalled_at) : "not used in a reply yet", "used");
+  meta.append(used, " · updated " + when(m.edited_at || m.updated_at));
   if (m.edited_at) meta.append(" · edited by you");
   if (m.source.thread_id && m.source.conversation) {
     meta.append(" · from ", conversationLink(m.source.thread_id, m.source.conversation));
@@ -318,6 +358,12 @@ function wireForms() {
     }, 300);
   });
   $("category-filter").addEventListener("change", renderMemories);
+  $("used-filter").addEventListener("change", renderMemories);
+  $("sort").addEventListener("change", renderMemories);
+  window.addEventListener("hashchange", () => {
+    revealed = false;
+    revealLinked();
+  });
 }
 
 wireForms();

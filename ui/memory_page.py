@@ -355,6 +355,7 @@ def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
         "category": m.category,
         "category_label": category_label(m.category),
         "updated_at": m.updated_at,
+        "last_recalled_at": m.last_recalled_at,
         "confidence": m.confidence,
         "edited_at": (m.source.get("edited") or {}).get("at"),
         "source": {

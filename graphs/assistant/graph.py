@@ -22,7 +22,7 @@ from graphs.assistant.tools import TOOLS
 from graphs.core.context import Context
 from graphs.core.models import chat_model
 from graphs.core.nodes import bind
-from graphs.memory.recall import Recalled, memory_block, recall
+from graphs.memory.recall import Recalled, memory_block, note_recalled, recall
 from graphs.memory.scoped import Memory, ScopedMemory
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ async def recall_memories(state: State, runtime: Runtime[Context]) -> dict[str, 
     memory = ScopedMemory.from_runtime(runtime)
     query = _latest_human_text(state["messages"])
     found: Recalled = await recall(memory, query)
+    note_recalled(memory, found)
     return {"recalled": [_as_recalled(m) for m in found.memories]}
 
 

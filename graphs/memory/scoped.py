@@ -14,6 +14,7 @@ from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 from graphs.core.store import PipelinedStore
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
+from graphs.memory.situations import fact_pattern, request_situations, situations_for
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -37,6 +38,7 @@ MEMORY_KINDS = (PROFILE, FACTS)
 RESEMBLANCE = 0.78
 """Cosine similarity (MiniLM) at which a fact is a forgotten one in other words: keeps apart
 "window" vs "aisle seats" (0.70) and "vegetarian" vs "vegan" (0.76)."""
+LAST_RECALLED = "last_recalled_at"
 ALL_KINDS = (PROFILE, FACTS, TOMBSTONES, MARKERS, SETTINGS, SUGGESTIONS)
 
 
@@ -61,6 +63,8 @@ class Memory:
     confidence: float
     stated: bool
     score: float | None = None
+    last_recalled_at: str | None = None
+    """When recall last put this fact in front of the model (graphs.memory.recall)."""
 
     @classmethod
     def from_item(cls, item: Item) -> Memory:
@@ -74,6 +78,7 @@ class Memory:
             confidence=float(v.get("confidence", 0.0)),
             stated=bool(v.get("stated", True)),
             score=getattr(item, "score", None),
+            last_recalled_at=v.get(LAST_RECALLED) or None,
         )
 
 
@@ -134,12 +139,22 @@ class ScopedMemory:
         """Serialise this user's memory mutations (across workers with Postgres)."""
         return self._locks.hold(self.user_id)
 
-    async def _read(self, ops: list[Any]) -> list[Any]:
+    async def _read(
+        self, ops: list[Any], *, query: str | None = None, boost: float = 0.0
+    ) -> list[Any]:
         """A batch of reads in one round trip. Every namespace built by `_ns` is a leaf (nothing
-        is stored beneath it), so on Postgres it is matched exactly (graphs.core.store)."""
+        is stored beneath it), so on Postgres it is matched exactly (graphs.core.store).
+
+        A search for `query` adds `boost` to the facts that bear on a situation the query asks
+        about (graphs.memory.situations): in the query on Postgres; elsewhere (in-memory stores
+        in tests) to the results, after the store's own limit.
+        """
+        asked = request_situations(query) if query and boost else []
         if isinstance(self._store, PipelinedStore):
-            return await self._store.aread_exact(ops)
-        return list(await self._store.abatch(ops))
+            pattern = fact_pattern(asked)
+            return await self._store.aread_exact(ops, boost_pattern=pattern, boost=boost)
+        results = list(await self._store.abatch(ops))
+        return [_boosted(r, asked, boost) if isinstance(r, list) else r for r in results]
 
     # Memories -----------------------------------------------------------------------------
 
@@ -152,7 +167,7 @@ class ScopedMemory:
         return [Memory.from_item(i) for i in items]
 
     async def recall_batch(
-        self, query: str | None, *, limit: int, threshold: float
+        self, query: str | None, *, limit: int, threshold: float, boost: float = 0.0
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
         """Settings, pinned facts and the facts closest to query, in one store round trip.
 
@@ -167,7 +182,7 @@ class ScopedMemory:
         ]
         if query:
             ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False))
-        settings_item, profile, *rest = await self._read(ops)
+        settings_item, profile, *rest = await self._read(ops, query=query, boost=boost)
         found = rest[0] if rest else []
         relevant = [
             Memory.from_item(i)
@@ -245,6 +260,33 @@ class ScopedMemory:
             "stated": stated,
         }
         await self._store.aput(self._ns(self.kind_for(key)), key, value)
+
+    async def mark_recalled(self, keys: list[str], *, at: str | None = None) -> int:
+        """Stamp when these memories were last recalled; a memory deleted meanwhile stays deleted.
+
+        On Postgres one UPDATE per namespace, of existing rows only (no upsert, no re-embedding).
+        Elsewhere (in-memory stores in tests) a read and re-put under the user's lock, which
+        `forget` also holds, so a forgotten item is never written back.
+        """
+        at = at or now_iso()
+        stamped = 0
+        for kind in MEMORY_KINDS:
+            mine = [k for k in dict.fromkeys(keys) if self.kind_for(k) == kind]
+            if not mine:
+                continue
+            if isinstance(self._store, PipelinedStore):
+                stamped += await self._store.astamp_existing(
+                    self._ns(kind), mine, field=LAST_RECALLED, at=at
+                )
+                continue
+            async with self.locked():
+                for key in mine:
+                    item = await self._store.aget(self._ns(kind), key)
+                    if item is not None:
+                        value = {**item.value, LAST_RECALLED: at}
+                        await self._store.aput(self._ns(kind), key, value)
+                        stamped += 1
+        return stamped
 
     async def delete(self, key: str) -> None:
         await self._store.adelete(self._ns(self.kind_for(key)), key)
@@ -412,6 +454,18 @@ def _existing(memories: list[Memory]) -> dict[str, Existing]:
 
 def _tombstone(item: Item) -> Tombstone:
     return Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
+
+
+def _boosted(items: list[Any], asked: list[Any], boost: float) -> list[Any]:
+    if not asked:
+        return items
+    names = {s.name for s in asked}
+    for item in items:
+        if item.score is not None and names & {
+            s.name for s in situations_for(item.value.get("content", ""))
+        }:
+            item.score += boost
+    return sorted(items, key=lambda i: i.score or 0.0, reverse=True)
 
 
 def _settings_from(item: Item | None) -> MemorySettings:

@@ -4,6 +4,7 @@ and delete everything, each checked in the database as well as on screen."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import psycopg
@@ -198,4 +199,62 @@ def test_delete_all_my_data_ends_the_session_and_leaves_nothing(app_server, brow
         )
         refused = method(f"{app_server.url}{path}", cookies=cookies, **kwargs)
         assert refused.status_code == 401, (path, refused.status_code)
+    page.context.close()
+
+
+def test_a_recalled_fact_links_to_its_entry_which_shows_when_it_was_last_used(app_server, browser):
+    page = login(browser, app_server, "bob")
+    send(page, "By the way, I live in Lisbon and I'm vegetarian.")
+    expect(page.get_by_text("You said: By the way, I live in Lisbon")).to_be_visible()
+    wait_for(lambda: "User is vegetarian" in stored_memories(app_server.database_url))
+    # Bob's diet: the one stored beside his home city (alice lives elsewhere).
+    mine = "SELECT prefix FROM store WHERE value->>'content' = 'User lives in Lisbon'"
+    [(key,)] = rows(
+        app_server.database_url,
+        f"SELECT key FROM store WHERE prefix IN ({mine}) AND value->>'content' = %s",
+        "User is vegetarian",
+    )
+
+    # Before any reply used it, the page says so, and the "never used" filter shows it.
+    open_memory_page(page, app_server)
+    row = page.locator(f"#memory-{key}")
+    expect(row).to_contain_text("not used in a reply yet")
+
+    # A reply that recalls it: its "Memory recall" step links to the entry on the memory page.
+    new_conversation(page, app_server)
+    send(page, "What should I cook tonight?")
+    expect(page.get_by_text("What I remember about you").last).to_contain_text("User is vegetarian")
+    page.get_by_text("Used Memory recall").last.click()
+    link = page.locator(f'a[href="/memory#memory-{key}"]').last
+    expect(link).to_be_visible()
+    wait_for(
+        lambda: (
+            rows(
+                app_server.database_url,
+                "SELECT value->>'last_recalled_at' FROM store WHERE key = %s AND prefix LIKE %s",
+                key,
+                "memories.%",
+            )[0][0]
+            is not None
+        )
+    )
+
+    # Following the link (Chainlit may open it in a new tab, so it is followed here) lands on
+    # that entry, marked, with its last use and its source conversation.
+    page.goto(app_server.url + link.get_attribute("href"))
+    row = page.locator(f"#memory-{key}")
+    expect(row).to_have_class(re.compile(r"\blinked\b"))
+    expect(row).to_contain_text("last used")
+    expect(row.get_by_role("link")).to_have_attribute("href", re.compile(r"^/thread/"))
+
+    # Sort by last use: the used fact comes first. Filter: "never used" hides it,
+    # "used in the last day" shows only used ones.
+    page.locator("#sort").select_option("last-used")
+    expect(page.locator("li.memory").first).to_have_id(f"memory-{key}")
+    page.locator("#used-filter").select_option("never")
+    expect(page.locator(f"#memory-{key}")).to_have_count(0)
+    page.locator("#used-filter").select_option("1")
+    expect(page.locator(f"#memory-{key}")).to_be_visible()
+    for text in page.locator("li.memory .used").all_inner_texts():
+        assert text.startswith("last used"), text
     page.context.close()
