@@ -17,11 +17,14 @@ from pydantic import BaseModel
 from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, mark_temporary
 from auth.sessions import SessionRevoked
+from graphs.core.errors import is_database_outage
 from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.agents import AGENTS
+from ui.data_layer import stored_user_message
 from ui.input import InputRejected, check_message, compose
+from ui.runner import DATABASE_DOWN
 from ui.runtime import get_runtime
 from ui.surface import ChatSurface, ask_text, refuse
 
@@ -213,9 +216,42 @@ async def retry_turn(action: cl.Action) -> None:
         return
     user_id, payload = checked
     await action.remove()
-    await get_runtime().runner.retry(
-        ChatSurface(signals_task=True), user_id=user_id, thread_id=payload.thread_id
-    )
+    runtime = get_runtime()
+    surface = ChatSurface(signals_task=True)
+    if payload.message_id is None:
+        await runtime.runner.retry(surface, user_id=user_id, thread_id=payload.thread_id)
+        return
+    await _resend(runtime, surface, user_id, payload.thread_id, payload.message_id)
+
+
+MESSAGE_GONE = "That message is no longer in this conversation; please send it again."
+
+
+async def _resend(
+    runtime: Any, surface: ChatSurface, user_id: str, thread_id: str, message_id: str
+) -> None:
+    """Retry of a message that failed while the database was away: its text is read back
+    from the stored conversation (a payload's text would be the client's word)."""
+    try:
+        text = await stored_user_message(runtime.pool, thread_id, message_id)
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        await surface.failed(DATABASE_DOWN, thread_id=thread_id, message_id=message_id)
+        return
+    if text is None:
+        await refuse(MESSAGE_GONE)
+        return
+    async with surface.running():
+        await runtime.runner.resend(
+            surface,
+            user_id=user_id,
+            thread_id=thread_id,
+            profile=cl.user_session.get("chat_profile"),
+            text=text,
+            message_id=message_id,
+            temporary=bool(cl.user_session.get(TEMPORARY)),
+        )
 
 
 @chat_handler

@@ -101,11 +101,14 @@ class ChatSurface:
     async def refuse(self, text: str) -> None:
         await refuse(text)
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
+        payload = {"thread_id": thread_id}
+        if message_id is not None:
+            payload["message_id"] = message_id
         await cl.Message(
             author="Cairn",
             content=text,
-            actions=[cl.Action(name=RETRY_ACTION, label="Retry", payload={"thread_id": thread_id})],
+            actions=[cl.Action(name=RETRY_ACTION, label="Retry", payload=payload)],
         ).send()
 
     async def show_interrupt(
@@ -174,7 +177,7 @@ class HeadlessSurface:
     async def refuse(self, text: str) -> None:
         self.errors.append(text)
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         self.errors.append(text)
 
     async def show_interrupt(

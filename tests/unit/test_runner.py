@@ -76,7 +76,7 @@ class RecordingSurface:
     async def refuse(self, text: str) -> None:
         self.said.append(("refuse", text))
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         self.said.append(("failed", text))
 
     async def show_interrupt(self, kind: InterruptKind | None, item: Any, thread_id: str) -> None:
