@@ -80,7 +80,7 @@ async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPoo
         max_size=max_size,
         open=False,
         kwargs={"autocommit": True},
-        timeout=POOL_TIMEOUT_S,
+        timeout=app_pool.timeout,
         # As the app's pool: a round trip only for a connection that sat idle or looks dead,
         # not before every lock (each chat turn and memory job takes one).
         check=check_if_idle,
