@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import tempfile
 import time
 import uuid
@@ -80,7 +81,10 @@ async def eventually(check: Any, *, timeout: float = 60.0, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(Exception):
-            if result := await check():
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
                 return result
         if time.monotonic() > deadline:
             msg = f"timed out waiting for {what}"
