@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -24,6 +28,8 @@ from graphs.memory.scoped import ScopedMemory
 from tests.conftest import create_database
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +310,40 @@ async def test_a_job_for_a_thread_the_user_does_not_own_writes_nothing(db: Persi
     assert await contents(db, other) == []
     assert talk.loads_of(foreign) == []
     assert talk.loads_of(unknown) == []
+
+
+async def test_a_job_left_doing_by_a_killed_worker_is_retried_by_another(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    talk.add(thread, "I live in Kyoto")
+    async with memory_jobs_running(db, worker=False, load_messages=talk.load) as queue:
+        await queue.message_arrived(user_id=user, thread_id=thread)
+
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.stalled_job_worker", db.pool.conninfo],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+
+        async def taken() -> bool:
+            assert doomed.poll() is None, "the worker process ended before it was killed"
+            return await job_statuses(db, user) == ["doing"]
+
+        await eventually(taken, timeout=60, what="the doomed worker to take the job")
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=10)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+    assert await job_statuses(db, user) == ["doing"], "killed mid-job: left running"
+
+    async with memory_jobs_running(
+        db, load_messages=talk.load, heartbeat_s=0.5, stalled_after_s=2.0, sweep_every_s=0.5
+    ) as survivor:
+        await eventually(lambda: contents(db, user), what="the stalled job to be retried")
+        await eventually(lambda: no_pending_jobs(survivor, user), what="the queue to drain")
+
+    assert await contents(db, user) == ["User lives in Kyoto"]
+    assert len(talk.loads_of(thread)) == 1, "run once here (the killed worker used its own)"
