@@ -22,11 +22,11 @@ from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.agents import AGENTS
-from ui.data_layer import stored_user_message
+from ui.data_layer import stored_user_message, unanswered_message
 from ui.input import InputRejected, check_message, compose
 from ui.runner import DATABASE_DOWN
 from ui.runtime import get_runtime
-from ui.surface import ChatSurface, ask_text, refuse
+from ui.surface import ChatSurface, ask_text, refuse, retry_message
 
 log = logging.getLogger("cairn")
 
@@ -136,7 +136,18 @@ async def resume_chat(thread: ThreadDict) -> None:
         await refuse(NOT_FOUND)
         return
     await _chat_settings(temporary=owned.temporary)
-    _after_resume(runtime.runner.reopen(ChatSurface(), user_id=user_id, thread_id=thread["id"]))
+    _after_resume(_reopen(runtime, user_id, thread["id"]))
+
+
+NOT_ANSWERED = "Your last message was not answered: the database was away."
+
+
+async def _reopen(runtime: Any, user_id: str, thread_id: str) -> None:
+    await runtime.runner.reopen(ChatSurface(), user_id=user_id, thread_id=thread_id)
+    if (message_id := await unanswered_message(runtime.pool, thread_id)) is not None:
+        offer = retry_message(NOT_ANSWERED, thread_id=thread_id, message_id=message_id)
+        offer.persisted = True  # shown, not stored: the stored error already says it
+        await offer.send()
 
 
 def _after_resume(work: Awaitable[Any]) -> None:

@@ -329,3 +329,16 @@ async def stored_user_message(pool: Pool, thread_id: str, message_id: str) -> st
         )
         row = await cur.fetchone()
     return None if row is None else str(row["output"] or "")
+
+
+async def unanswered_message(pool: Pool, thread_id: str) -> str | None:
+    """The message a conversation ends on an outage error for (ui.surface.retry_message), if it
+    does: the user has not retried it yet."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT metadata->>'retry_message_id' AS message_id FROM \"Step\" "
+            'WHERE "threadId" = %s ORDER BY "startTime" DESC, "createdAt" DESC LIMIT 1',
+            (thread_id,),
+        )
+        row = await cur.fetchone()
+    return None if row is None else row["message_id"]

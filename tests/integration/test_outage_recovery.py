@@ -361,3 +361,37 @@ async def test_postgres_away_under_load_loses_no_message(db, postgres, back_up, 
         f"first reply {first_reply - back_at:.2f} s after Postgres was back; "
         f"memory facts stored {time.monotonic() - told_at:.2f} s after they were told"
     )
+
+
+async def test_a_conversation_ending_on_an_outage_error_names_the_message_to_retry(db) -> None:
+    from ui.data_layer import stored_user_message, unanswered_message
+
+    thread = f"thread-{uuid.uuid4()}"
+    step = (
+        'INSERT INTO "Step" (id, "threadId", type, output, metadata, "startTime", "endTime") '
+        "VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), now())"
+    )
+    async with db.pool.connection() as conn:
+        await conn.execute(
+            'INSERT INTO "Thread" (id, metadata, "updatedAt") VALUES (%s, %s, now())',
+            (thread, "{}"),
+        )
+        await conn.execute(step, ("m1", thread, "user_message", "I live in Oslo", "{}", 0))
+        await conn.execute(
+            step,
+            (
+                str(uuid.uuid4()),
+                thread,
+                "assistant_message",
+                DATABASE_DOWN,
+                '{"retry_message_id": "m1"}',
+                1,
+            ),
+        )
+    assert await unanswered_message(db.pool, thread) == "m1"
+    assert await stored_user_message(db.pool, thread, "m1") == "I live in Oslo"
+    assert await stored_user_message(db.pool, "another-thread", "m1") is None
+
+    async with db.pool.connection() as conn:  # retried: the answer comes after the error
+        await conn.execute(step, (str(uuid.uuid4()), thread, "assistant_message", "Noted", "{}", 2))
+    assert await unanswered_message(db.pool, thread) is None
