@@ -16,6 +16,8 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from graphs.core.errors import is_database_outage
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -125,7 +127,16 @@ class EndedSessionGuard:
             await self.app(scope, receive, send)
             return
         issued_at = float(claims["iat"]) if "iat" in claims else None
-        if not await revocations.is_revoked(str(user_id), issued_at):
+        try:
+            revoked = await revocations.is_revoked(str(user_id), issued_at)
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            # Not checked, so not let through; but not signed out either: try again later.
+            log.warning("session of %s not checked: database unavailable (%s)", user_id, exc)
+            await _unavailable(scope, receive, send)
+            return
+        if not revoked:
             await self.app(scope, receive, send)
             return
         log.warning("refused: ended session of user %s at %s", user_id, scope.get("path"))
@@ -137,6 +148,18 @@ class EndedSessionGuard:
         )
         clear_auth_cookie(Request(scope), response)
         await response(scope, receive, send)
+
+
+async def _unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1013})  # try again later
+        return
+    response = JSONResponse(
+        {"detail": "Cairn's database is unavailable. Please try again in a moment."},
+        status_code=503,
+        headers={"Retry-After": "2"},
+    )
+    await response(scope, receive, send)
 
 
 def _cookies(header: str) -> list[tuple[str, str]]:

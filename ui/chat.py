@@ -45,6 +45,10 @@ H = TypeVar("H", bound=Callable[..., Awaitable[None]])
 
 
 HANDLER_FAILED = "Something went wrong on the server, and nothing was changed. Please try again."
+DATABASE_AWAY = (
+    "Cairn could not reach its database just now, and nothing was changed. "
+    "Please try again in a moment."
+)
 
 
 def chat_handler(handler: H) -> H:
@@ -57,7 +61,11 @@ def chat_handler(handler: H) -> H:
             await handler(*args, **kwargs)
         except SessionRevoked as exc:
             await refuse(str(exc))
-        except Exception:
+        except Exception as exc:
+            if is_database_outage(exc):
+                log.warning("chat handler %s: database unavailable (%s)", handler.__name__, exc)
+                await refuse(DATABASE_AWAY)
+                return
             log.exception("chat handler %s failed", handler.__name__)
             await refuse(HANDLER_FAILED)
 
@@ -174,7 +182,16 @@ def _done(task: asyncio.Task[None]) -> None:
 @chat_handler
 async def handle_message(message: cl.Message) -> None:
     runtime = get_runtime()
-    user_id = await _session_user_id()
+    try:
+        user_id = await _session_user_id()
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        # The session could not be checked, so nothing runs; the message stays, with Retry.
+        await ChatSurface().failed(
+            DATABASE_DOWN, thread_id=cl.context.session.thread_id, message_id=message.id
+        )
+        return
     flag_client_identity(message.metadata, where="message metadata", user_id=user_id)
     try:
         attachments = check_message(message.content, message.elements or [], runtime.settings)
