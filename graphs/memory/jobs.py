@@ -14,6 +14,7 @@ import psycopg
 from procrastinate.exceptions import AlreadyEnqueued, ConnectorException, UniqueViolation
 from procrastinate.jobs import Status
 
+from graphs.core.errors import is_database_outage
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
@@ -43,6 +44,8 @@ RESTART_BACKOFF_S = (0.5, 5.0)
 restarted under it: procrastinate's worker ends when its LISTEN connection fails)."""
 HEALTHY_RUN_S = 30.0
 """A worker that ran this long before stopping starts again after the shortest wait."""
+OUTAGE_PATIENCE_S = 300.0
+"""How long a turn's memory job keeps trying to be queued while Postgres is away."""
 _SWEEP_LOCK = "cairn-memory-jobs:stalled-sweep"
 
 
@@ -231,7 +234,20 @@ class MemoryJobs:
         self._worker = self._sweeper = None
 
     async def message_arrived(self, *, user_id: str, thread_id: str) -> None:
-        """Called after each turn with the user_id resolved from the session at request time."""
+        """Called after each turn (off the reply's path) with the user_id resolved from the
+        session at request time. Postgres away: tried again each second, for up to
+        OUTAGE_PATIENCE_S, so a turn answered just before an outage still reaches memory."""
+        deadline = time.monotonic() + OUTAGE_PATIENCE_S
+        while True:
+            try:
+                await self._message_arrived(user_id=user_id, thread_id=thread_id)
+                return
+            except Exception as exc:
+                if not is_database_outage(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def _message_arrived(self, *, user_id: str, thread_id: str) -> None:
         memory = ScopedMemory(self.store, user_id)
         settings, marker = await memory.settings_and_marker(thread_id)
         if not settings.enabled:

@@ -347,3 +347,65 @@ async def test_a_job_left_doing_by_a_killed_worker_is_retried_by_another(db: Per
 
     assert await contents(db, user) == ["User lives in Kyoto"]
     assert len(talk.loads_of(thread)) == 1, "run once here (the killed worker used its own)"
+
+
+async def stall(db: Persistence, user: str, *, attempts: int = 0) -> int:
+    """Make the user's queued job look taken by a worker that died an hour ago."""
+    async with db.pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - interval '1 hour') RETURNING id"
+        )
+        worker = (await cur.fetchone())["id"]  # type: ignore[index]
+        cur = await conn.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s, attempts = %s "
+            "WHERE args->>'user_id' = %s AND status = 'todo' RETURNING id",
+            (worker, attempts, user),
+        )
+        return int((await cur.fetchone())["id"])  # type: ignore[index]
+
+
+async def test_stalled_jobs_are_retried_once_however_many_workers_sweep(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    async with (
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as one,
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as two,
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as three,
+    ):
+        await one.message_arrived(user_id=user, thread_id=thread)
+        job = await stall(db, user)
+        sweeps = await asyncio.gather(*(w.retry_stalled() for w in (one, two, three)))
+        assert sorted(job_id for ids in sweeps for job_id in ids) == [job]
+        assert await job_statuses(db, user) == ["todo"]
+        assert [await w.retry_stalled() for w in (one, two, three)] == [[], [], []]
+
+
+async def test_a_stalled_job_out_of_attempts_is_dead_lettered_not_retried(
+    db: Persistence,
+) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    async with memory_jobs_running(
+        db, worker=False, load_messages=Conversations().load, max_attempts=2
+    ) as jobs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        await stall(db, user, attempts=1)
+        assert await jobs.retry_stalled() == []
+    assert await job_statuses(db, user) == ["failed"]
+    [letter] = await dead_letters(db, user)
+    assert "stopped while running it" in letter["error"]
+
+
+async def test_a_stalled_job_whose_thread_has_a_newer_job_queued_is_dropped(
+    db: Persistence,
+) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    async with memory_jobs_running(db, worker=False, load_messages=Conversations().load) as jobs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        await stall(db, user)
+        await jobs.message_arrived(user_id=user, thread_id=thread)  # the user wrote again
+        assert await jobs.retry_stalled() == []
+    assert await job_statuses(db, user) == ["todo"]

@@ -395,3 +395,34 @@ async def test_a_conversation_ending_on_an_outage_error_names_the_message_to_ret
     async with db.pool.connection() as conn:  # retried: the answer comes after the error
         await conn.execute(step, (str(uuid.uuid4()), thread, "assistant_message", "Noted", "{}", 2))
     assert await unanswered_message(db.pool, thread) is None
+
+
+async def test_a_turn_answered_just_before_an_outage_still_reaches_memory(
+    db, postgres, back_up
+) -> None:
+    from auth.ownership import claim_thread
+
+    graph = assistant_agent.SPEC.build(
+        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
+    )
+    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
+    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
+    await graph.ainvoke(
+        {"messages": [("user", "My manager is Priya")]},
+        {"configurable": {"thread_id": thread}},
+        context=Context(user_id=user, thread_id=thread),
+    )
+    async with memory_jobs(db, graph) as jobs:
+        await asyncio.to_thread(postgres.stop)  # the turn's job is not queued yet
+
+        async def back_in_3_s() -> None:
+            await asyncio.sleep(3.0)
+            await asyncio.to_thread(postgres.start)
+
+        coming_back = asyncio.create_task(back_in_3_s())
+        await jobs.message_arrived(user_id=user, thread_id=thread)  # waits out the outage
+        await coming_back
+        memories = await eventually(
+            lambda: ScopedMemory(db.store, user).all_memories(), what="the memory job"
+        )
+    assert [m.content for m in memories] == ["User's manager is Priya"]
