@@ -196,8 +196,8 @@ async def test_writes_to_the_conversation_during_an_outage_are_kept_until_it_end
             )
             return [row["output"] for row in await cur.fetchall()]
 
-    assert await eventually(stored, what="the held writes") == ["first", "second"]
-    assert len(pending) == 0
+    await eventually(lambda: len(pending) == 0, what="the held writes to be replayed")
+    assert await stored() == ["first", "second"]
 
 
 # --- the runner under load while Postgres is away ---------------------------------------------
