@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: run test unit integration e2e lint bench eval reembed browser clean
+.PHONY: run test unit integration e2e lint bench bench-recovery eval reembed browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ e2e: $(STAMP) browser
 bench: $(STAMP)
 	$(BIN)/python -m bench.ttft
 	$(BIN)/python -m bench.memory
+
+# Seconds from Postgres coming back (after 10 s and 40 s down) to the pool serving, the first
+# chat reply and a memory job run, with no restart of the app (~3 minutes).
+bench-recovery: $(STAMP)
+	$(BIN)/python -m bench.recovery 10 40
 
 # Memory quality (recall precision/recall, write accuracy, forgotten facts coming back: must be 0)
 # and research quality (citation precision, claims removed, critique rounds, tool calls, time).

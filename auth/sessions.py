@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from graphs.core import fence
+from graphs.core.errors import is_database_outage
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -155,7 +156,16 @@ class EndedSessionGuard:
             await self.app(scope, receive, send)
             return
         issued_at = float(claims["iat"]) if "iat" in claims else None
-        if not await revocations.is_revoked(str(user_id), issued_at):
+        try:
+            revoked = await revocations.is_revoked(str(user_id), issued_at)
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            # Not checked, so not let through; but not signed out either: try again later.
+            log.warning("session of %s not checked: database unavailable (%s)", user_id, exc)
+            await _unavailable(scope, receive, send)
+            return
+        if not revoked:
             # Everything this request (or this chat connection) writes carries its session's
             # authority, so a wipe's cut-off refuses it wherever it is written.
             with fence.acting_for(fence.Fence(str(user_id), issued_at or 0.0)):
@@ -170,6 +180,18 @@ class EndedSessionGuard:
         )
         clear_auth_cookie(Request(scope), response)
         await response(scope, receive, send)
+
+
+async def _unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1013})  # try again later
+        return
+    response = JSONResponse(
+        {"detail": "Cairn's database is unavailable. Please try again in a moment."},
+        status_code=503,
+        headers={"Retry-After": "2"},
+    )
+    await response(scope, receive, send)
 
 
 def _cookies(header: str) -> list[tuple[str, str]]:

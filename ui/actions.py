@@ -24,11 +24,14 @@ class ActionRejected(ValueError):
 
 
 class RetryPayload(BaseModel):
-    """Re-run the last turn of a thread after the model failed."""
+    """Re-run the last turn of a thread after the model failed, or send again the message
+    that failed while the database was away (its id: the text is read from the stored
+    conversation, never from the payload)."""
 
     model_config = ConfigDict(extra="forbid")
 
     thread_id: str
+    message_id: str | None = Field(default=None, max_length=100)
 
 
 class AnswerPayload(BaseModel):

@@ -16,14 +16,17 @@ from pydantic import BaseModel
 
 from auth.identity import flag_client_identity, session_user_id
 from auth.ownership import NOT_FOUND, ThreadNotFound, mark_temporary
+from graphs.core.errors import is_database_outage
 from graphs.core.fence import WriteRefused, adopt
 from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.agents import AGENTS
+from ui.data_layer import stored_user_message, unanswered_message
 from ui.input import InputRejected, check_message, compose
+from ui.runner import DATABASE_DOWN
 from ui.runtime import get_runtime
-from ui.surface import ChatSurface, ask_text, refuse
+from ui.surface import ChatSurface, ask_text, refuse, retry_message
 
 log = logging.getLogger("cairn")
 
@@ -42,6 +45,10 @@ H = TypeVar("H", bound=Callable[..., Awaitable[None]])
 
 
 HANDLER_FAILED = "Something went wrong on the server, and nothing was changed. Please try again."
+DATABASE_AWAY = (
+    "Cairn could not reach its database just now, and nothing was changed. "
+    "Please try again in a moment."
+)
 
 
 def chat_handler(handler: H) -> H:
@@ -54,7 +61,11 @@ def chat_handler(handler: H) -> H:
             await handler(*args, **kwargs)
         except WriteRefused as exc:  # the session was ended, here or on another worker
             await refuse(str(exc))
-        except Exception:
+        except Exception as exc:
+            if is_database_outage(exc):
+                log.warning("chat handler %s: database unavailable (%s)", handler.__name__, exc)
+                await refuse(DATABASE_AWAY)
+                return
             log.exception("chat handler %s failed", handler.__name__)
             await refuse(HANDLER_FAILED)
 
@@ -135,7 +146,18 @@ async def resume_chat(thread: ThreadDict) -> None:
         await refuse(NOT_FOUND)
         return
     await _chat_settings(temporary=owned.temporary)
-    _after_resume(runtime.runner.reopen(ChatSurface(), user_id=user_id, thread_id=thread["id"]))
+    _after_resume(_reopen(runtime, user_id, thread["id"]))
+
+
+NOT_ANSWERED = "Your last message was not answered: the database was away."
+
+
+async def _reopen(runtime: Any, user_id: str, thread_id: str) -> None:
+    await runtime.runner.reopen(ChatSurface(), user_id=user_id, thread_id=thread_id)
+    if (message_id := await unanswered_message(runtime.pool, thread_id)) is not None:
+        offer = retry_message(NOT_ANSWERED, thread_id=thread_id, message_id=message_id)
+        offer.persisted = True  # shown, not stored: the stored error already says it
+        await offer.send()
 
 
 def _after_resume(work: Awaitable[Any]) -> None:
@@ -162,7 +184,16 @@ def _done(task: asyncio.Task[None]) -> None:
 @chat_handler
 async def handle_message(message: cl.Message) -> None:
     runtime = get_runtime()
-    user_id = await _session_user_id()
+    try:
+        user_id = await _session_user_id()
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        # The session could not be checked, so nothing runs; the message stays, with Retry.
+        await ChatSurface().failed(
+            DATABASE_DOWN, thread_id=cl.context.session.thread_id, message_id=message.id
+        )
+        return
     flag_client_identity(message.metadata, where="message metadata", user_id=user_id)
     try:
         attachments = check_message(message.content, message.elements or [], runtime.settings)
@@ -215,9 +246,42 @@ async def retry_turn(action: cl.Action) -> None:
         return
     user_id, payload = checked
     await action.remove()
-    await get_runtime().runner.retry(
-        ChatSurface(signals_task=True), user_id=user_id, thread_id=payload.thread_id
-    )
+    runtime = get_runtime()
+    surface = ChatSurface(signals_task=True)
+    if payload.message_id is None:
+        await runtime.runner.retry(surface, user_id=user_id, thread_id=payload.thread_id)
+        return
+    await _resend(runtime, surface, user_id, payload.thread_id, payload.message_id)
+
+
+MESSAGE_GONE = "That message is no longer in this conversation; please send it again."
+
+
+async def _resend(
+    runtime: Any, surface: ChatSurface, user_id: str, thread_id: str, message_id: str
+) -> None:
+    """Retry of a message that failed while the database was away: its text is read back
+    from the stored conversation (a payload's text would be the client's word)."""
+    try:
+        text = await stored_user_message(runtime.pool, thread_id, message_id)
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        await surface.failed(DATABASE_DOWN, thread_id=thread_id, message_id=message_id)
+        return
+    if text is None:
+        await refuse(MESSAGE_GONE)
+        return
+    async with surface.running():
+        await runtime.runner.resend(
+            surface,
+            user_id=user_id,
+            thread_id=thread_id,
+            profile=cl.user_session.get("chat_profile"),
+            text=text,
+            message_id=message_id,
+            temporary=bool(cl.user_session.get(TEMPORARY)),
+        )
 
 
 @chat_handler

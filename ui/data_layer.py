@@ -7,10 +7,12 @@ tests/unit/test_chainlit_patches.py like the patches are.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,8 @@ from chainlit.types import ThreadDict
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
-from graphs.core.fence import WriteRefused, fenced
+from graphs.core.errors import is_database_outage
+from graphs.core.fence import Fence, WriteRefused, acting_for, current, fenced
 from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
@@ -85,6 +88,71 @@ DELETE FROM "Step" WHERE id IN (SELECT id FROM step)
 """ChainlitDataLayer.delete_step, limited to the session's own conversation."""
 
 
+def _under(
+    authority: Fence | None, write: Callable[[], Awaitable[None]]
+) -> Callable[[], Awaitable[None]]:
+    if authority is None:
+        return write
+
+    async def fenced_write() -> None:
+        with acting_for(authority):
+            await write()
+
+    return fenced_write
+
+
+class PendingWrites:
+    """Conversation writes that failed because Postgres was away, replayed in order once it is
+    back: a message sent during an outage, and the error shown for it, stay in the
+    conversation. Kept in this process until then (the user's open chat holds them too)."""
+
+    RETRY_EVERY_S = 1.0
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._writes: deque[tuple[str, Callable[[], Awaitable[None]]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def add(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        if len(self._writes) >= self.LIMIT:
+            dropped, _ = self._writes.popleft()
+            log.error("conversation write dropped (outage backlog full): %s", dropped)
+        # Replayed under the authority it was made under (the replay task is shared by every
+        # session of this worker), so a wipe's cut-off still refuses it.
+        self._writes.append((what, _under(current(), write)))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._replay(), name="cairn-pending-writes")
+
+    async def _replay(self) -> None:
+        while self._writes:
+            what, write = self._writes[0]
+            try:
+                await write()
+            except Exception as exc:
+                if is_database_outage(exc):
+                    await asyncio.sleep(self.RETRY_EVERY_S)
+                    continue
+                log.exception("conversation write failed after the outage: %s", what)
+            self._writes.popleft()
+        log.info("conversation writes held during the outage are stored")
+
+    async def write(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        """Now, or after the writes already waiting (order kept) if Postgres is away."""
+        if self._writes:
+            self.add(what, write)
+            return
+        try:
+            await write()
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("database away: %s kept until it is back", what)
+            self.add(what, write)
+
+
 class PostgresDataLayer(ChainlitDataLayer):
     """Chainlit's own Postgres data layer, run through psycopg instead of a second asyncpg pool.
 
@@ -103,6 +171,7 @@ class PostgresDataLayer(ChainlitDataLayer):
         super().__init__(database_url="")
         self._pool = pool
         self._on_delete = on_delete
+        self.pending = PendingWrites()
 
     async def connect(self) -> None:
         """The shared pool is opened by the app at start-up."""
@@ -163,6 +232,19 @@ class PostgresDataLayer(ChainlitDataLayer):
         metadata: dict[str, Any] | None = None,
         tags: list[str] | None = None,
     ) -> None:
+        await self.pending.write(
+            f"conversation {thread_id}",
+            lambda: self._update_thread(thread_id, name, user_id, metadata, tags),
+        )
+
+    async def _update_thread(
+        self,
+        thread_id: str,
+        name: str | None,
+        user_id: str | None,
+        metadata: dict[str, Any] | None,
+        tags: list[str] | None,
+    ) -> None:
         rows = await self.execute_query(
             'SELECT "userId" FROM "Thread" WHERE id = $1', {"thread_id": thread_id}
         )
@@ -209,15 +291,18 @@ class PostgresDataLayer(ChainlitDataLayer):
             "show_input": str(step_dict.get("showInput", "json")),
             "is_error": step_dict.get("isError", False),
         }
+        await self.pending.write(f"step {params['id']}", lambda: self._upsert_step(params))
+
+    async def _upsert_step(self, params: dict[str, Any]) -> None:
         try:
             async with fenced(self._pool) as conn:
                 await conn.execute(_UPSERT_STEP, params)
         except psycopg.errors.ForeignKeyViolation:
             # The conversation was deleted while this step was on its way: drop the step.
-            log.info("step %s dropped: its conversation is gone", step_dict.get("id"))
+            log.info("step %s dropped: its conversation is gone", params["id"])
         except WriteRefused:
             # Its user's data was wiped (maybe on another worker) after this session began.
-            log.warning("step %s dropped: its session has ended", step_dict.get("id"))
+            log.warning("step %s dropped: its session has ended", params["id"])
 
     async def delete_step(self, step_id: str) -> None:
         """Only a step of the session's conversation: the id of a refused message is the
@@ -290,3 +375,27 @@ async def add_outside_turn(
             "(SELECT now() AT TIME ZONE 'UTC' AS t) AS n WHERE t.id = %s AND u.identifier = %s",
             (str(uuid.uuid4()), text, thread_id, user_id),
         )
+
+
+async def stored_user_message(pool: Pool, thread_id: str, message_id: str) -> str | None:
+    """The text of a user's message in a stored conversation (for Retry after an outage)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            'SELECT output FROM "Step" WHERE id = %s AND "threadId" = %s AND type = %s',
+            (message_id, thread_id, "user_message"),
+        )
+        row = await cur.fetchone()
+    return None if row is None else str(row["output"] or "")
+
+
+async def unanswered_message(pool: Pool, thread_id: str) -> str | None:
+    """The message a conversation ends on an outage error for (ui.surface.retry_message), if it
+    does: the user has not retried it yet."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT metadata->>'retry_message_id' AS message_id FROM \"Step\" "
+            'WHERE "threadId" = %s ORDER BY "startTime" DESC, "createdAt" DESC LIMIT 1',
+            (thread_id,),
+        )
+        row = await cur.fetchone()
+    return None if row is None else row["message_id"]

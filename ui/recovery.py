@@ -46,8 +46,8 @@ class StoredSurface(HeadlessSurface):
         self.pool = pool
         self.thread_id = thread_id
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
-        await super().failed(text, thread_id=thread_id)
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
+        await super().failed(text, thread_id=thread_id, message_id=message_id)
         await append_message(self.pool, thread_id, text)
 
     async def notice(self, text: str) -> None:

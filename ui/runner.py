@@ -24,6 +24,7 @@ from langgraph.types import Command
 from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
 from graphs.core import fence, metrics
 from graphs.core.context import Context
+from graphs.core.errors import is_database_outage
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
 
@@ -50,12 +51,20 @@ MODEL_FAILED = "The model did not answer. Your message is saved; press Retry to 
 ANSWERED = "That question has already been answered."
 MALFORMED_ANSWER = "That button's request was malformed and has been ignored."
 UNAVAILABLE = "This conversation's agent is not available on this server."
+DATABASE_DOWN = (
+    "Cairn could not reach its database just now, so this message was not answered. "
+    "It is kept in the conversation: press Retry to send it again."
+)
 RUN_LOST = (
     "The server working on this conversation stopped, and its run could not be continued. "
     "Nothing it finished is lost; press Retry to continue from there."
 )
 
-Status = Literal["done", "paused", "stopped", "failed", "busy", "not_found", "refused"]
+Status = Literal[
+    "done", "paused", "stopped", "failed", "unavailable", "busy", "not_found", "refused"
+]
+"""`unavailable`: Postgres was away (the user got DATABASE_DOWN with Retry); `busy`: another
+run of the thread really is running."""
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
 Ask = Callable[[str, int], Awaitable[str | None]]
 """Ask the user a question (text, timeout in seconds); their answer, or None."""
@@ -153,8 +162,9 @@ class Surface(Protocol):
     def view(self, spec: AgentSpec, context: Context) -> View: ...
     async def notice(self, text: str) -> None: ...
     async def refuse(self, text: str) -> None: ...
-    async def failed(self, text: str, *, thread_id: str) -> None:
-        """An error with a Retry button that resumes the thread from its last checkpoint."""
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
+        """An error with a Retry button: it resumes the thread from its last checkpoint, or,
+        given the message it failed on, sends that message again if the graph never got it."""
         ...
 
     async def show_interrupt(
@@ -253,7 +263,38 @@ class Runner:
         message_id: str,
         temporary: bool,
     ) -> RunOutcome:
-        """A user's message: the thread is claimed (or checked) and the agent it keeps runs."""
+        """A user's message: the thread is claimed (or checked) and the agent it keeps runs.
+
+        Postgres away (at any point of the run): the user is told, with a Retry that sends
+        the message again, and the outcome is `unavailable`; the message is not dropped."""
+        try:
+            return await self._message(
+                surface,
+                user_id=user_id,
+                thread_id=thread_id,
+                profile=profile,
+                text=text,
+                message_id=message_id,
+                temporary=temporary,
+            )
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("message on thread %s failed: database unavailable (%s)", thread_id, exc)
+            await surface.failed(DATABASE_DOWN, thread_id=thread_id, message_id=message_id)
+            return RunOutcome("unavailable")
+
+    async def _message(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        profile: str | None,
+        text: str,
+        message_id: str,
+        temporary: bool,
+    ) -> RunOutcome:
         wanted = self.spec_for_profile(profile)
         try:
             # A thread keeps the agent it was started with, whatever profile the client reports.
@@ -268,7 +309,47 @@ class Runner:
             await surface.refuse(UNAVAILABLE)
             return RunOutcome("refused", owned=owned)
         context = _context(owned, user_id, thread_id)
-        return await self._run(surface, spec, spec.inputs(text, message_id), context, owned)
+        return await self._run(
+            surface, spec, spec.inputs(text, message_id), context, owned, message_id=message_id
+        )
+
+    async def resend(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        profile: str | None,
+        text: str,
+        message_id: str,
+        temporary: bool,
+    ) -> RunOutcome:
+        """Retry of a message that failed while Postgres was away: resumed from the checkpoint
+        when the graph already has the message, otherwise sent again as it was."""
+        try:
+            owned = await self.threads.require(thread_id=thread_id, user_id=user_id)
+        except ThreadNotFound:
+            owned = None  # never claimed: the outage came first
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            await surface.failed(DATABASE_DOWN, thread_id=thread_id, message_id=message_id)
+            return RunOutcome("unavailable")
+        spec = self.spec(owned.agent) if owned is not None else None
+        graph = self.graphs.get(spec.key) if spec is not None else None
+        if graph is not None and spec is not None:
+            values = (await graph.aget_state(_config(thread_id, spec))).values
+            if any(getattr(m, "id", None) == message_id for m in values.get("messages") or []):
+                return await self.retry(surface, user_id=user_id, thread_id=thread_id)
+        return await self.message(
+            surface,
+            user_id=user_id,
+            thread_id=thread_id,
+            profile=profile,
+            text=text,
+            message_id=message_id,
+            temporary=temporary,
+        )
 
     async def retry(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
         """Resume the thread from its last checkpoint: the failed node runs again."""
@@ -418,6 +499,7 @@ class Runner:
         owned: OwnedThread,
         *,
         answering: str | None = None,
+        message_id: str | None = None,
     ) -> RunOutcome:
         """One run on the thread; a second one while it works is refused (across workers).
 
@@ -429,7 +511,9 @@ class Runner:
         if authority is None or authority.user_id != context.user_id:
             authority = fence.Fence.now(context.user_id)
         with fence.acting_for(authority):
-            return await self._run_fenced(surface, spec, inputs, context, owned, answering)
+            return await self._run_fenced(
+                surface, spec, inputs, context, owned, answering, message_id
+            )
 
     async def _run_fenced(
         self,
@@ -439,11 +523,13 @@ class Runner:
         context: Context,
         owned: OwnedThread,
         answering: str | None,
+        message_id: str | None,
     ) -> RunOutcome:
         graph = self.graphs.get(spec.key)
         if graph is None:
             await surface.refuse(UNAVAILABLE)
             return RunOutcome("refused", owned=owned)
+        outcome: RunOutcome | None = None
         try:
             async with self.locks.hold(context.thread_id):
                 if answering is not None:
@@ -457,9 +543,11 @@ class Runner:
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
                 # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
-                outcome = await self._stream(surface, spec, graph, inputs, context)
+                outcome = await self._stream(
+                    surface, spec, graph, inputs, context, message_id=message_id
+                )
                 if self.journal is not None:
-                    await self.journal.finished(context.thread_id)
+                    await self._journal_finished(context.thread_id, outcome)
         except ThreadBusy as exc:
             metrics.observe_refusal(spec.key, "busy")
             await surface.refuse(str(exc))
@@ -467,6 +555,19 @@ class Runner:
         except fence.WriteRefused as exc:  # wiped before the run could start
             await surface.refuse(str(exc))
             return RunOutcome("refused", owned=owned)
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning(
+                "run on thread %s stopped: database unavailable (%s)", context.thread_id, exc
+            )
+            if outcome is None or outcome.status != "unavailable":  # not told yet
+                await surface.failed(
+                    DATABASE_DOWN, thread_id=context.thread_id, message_id=message_id
+                )
+            return RunOutcome("unavailable", owned=owned)
+        if outcome.status == "unavailable":
+            return outcome
         outcome.owned = owned
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
@@ -476,6 +577,15 @@ class Runner:
             self._in_background(spec.after_turn(self.services, context))
         return outcome
 
+    async def _journal_finished(self, thread_id: str, outcome: RunOutcome) -> None:
+        assert self.journal is not None
+        try:
+            await self.journal.finished(thread_id)
+        except Exception as exc:
+            # The user was already told Postgres is away; the row is cleared by their Retry.
+            if outcome.status != "unavailable" or not is_database_outage(exc):
+                raise
+
     async def _stream(
         self,
         surface: Surface,
@@ -483,6 +593,8 @@ class Runner:
         graph: Any,
         inputs: dict[str, Any] | Command[Any] | None,
         context: Context,
+        *,
+        message_id: str | None = None,
     ) -> RunOutcome:
         config = _config(context.thread_id, spec)
         if self.tracing is not None:
@@ -529,11 +641,25 @@ class Runner:
             log.warning("%s run hit its recursion limit (thread %s)", spec.key, context.thread_id)
             status = "stopped"
             await surface.notice(spec.recursion_notice)
-        except Exception:
-            log.exception("%s run failed (thread %s)", spec.key, context.thread_id)
-            await surface.failed(MODEL_FAILED, thread_id=context.thread_id)
+        except Exception as exc:
+            if is_database_outage(exc):
+                status = "unavailable"
+                log.warning(
+                    "%s run lost its database (thread %s): %s", spec.key, context.thread_id, exc
+                )
+                await surface.failed(
+                    DATABASE_DOWN, thread_id=context.thread_id, message_id=message_id
+                )
+            else:
+                log.exception("%s run failed (thread %s)", spec.key, context.thread_id)
+                await surface.failed(MODEL_FAILED, thread_id=context.thread_id)
         finally:
-            reply = await view.end(status, load_state)
+            try:
+                reply = await view.end(status, load_state)
+            except Exception as exc:
+                if not is_database_outage(exc):
+                    raise
+                log.warning("closing the view of thread %s failed: %s", context.thread_id, exc)
         first_token_at = getattr(view, "first_token_at", None)
         total_s = time.perf_counter() - started
         metrics.observe_run(

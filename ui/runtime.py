@@ -120,7 +120,12 @@ def prepare(app: FastAPI) -> AppRuntime:
         if settings.database_url is not None
         else start_embedded_postgres(settings.data_dir)
     )
-    pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    pool = make_pool(
+        url,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        timeout=settings.pool_timeout_s,
+    )
     accounts = None
     provider = register_local_provider(
         settings,

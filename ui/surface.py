@@ -62,6 +62,21 @@ async def remember_prompt(interrupt_id: str, message: cl.Message) -> None:
         _prompts.pop(next(iter(_prompts)))
 
 
+def retry_message(text: str, *, thread_id: str, message_id: str | None = None) -> cl.Message:
+    """An error with Retry. One for a message that failed while the database was away names
+    it in its stored metadata, so a reopened conversation offers the Retry again (Chainlit
+    stores no buttons)."""
+    payload = {"thread_id": thread_id}
+    if message_id is not None:
+        payload["message_id"] = message_id
+    return cl.Message(
+        author="Cairn",
+        content=text,
+        actions=[cl.Action(name=RETRY_ACTION, label="Retry", payload=payload)],
+        metadata={"retry_message_id": message_id} if message_id is not None else {},
+    )
+
+
 def new_reply(*, author: str | None = None) -> cl.Message:
     """A reply dated when its first token arrives, so it sorts below the steps that led to it
     and above what follows it (Chainlit would date it when the stream ends)."""
@@ -101,12 +116,8 @@ class ChatSurface:
     async def refuse(self, text: str) -> None:
         await refuse(text)
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
-        await cl.Message(
-            author="Cairn",
-            content=text,
-            actions=[cl.Action(name=RETRY_ACTION, label="Retry", payload={"thread_id": thread_id})],
-        ).send()
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
+        await retry_message(text, thread_id=thread_id, message_id=message_id).send()
 
     async def show_interrupt(
         self, kind: InterruptKind | None, interrupt: Any, thread_id: str
@@ -174,7 +185,7 @@ class HeadlessSurface:
     async def refuse(self, text: str) -> None:
         self.errors.append(text)
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         self.errors.append(text)
 
     async def show_interrupt(

@@ -31,7 +31,7 @@ from graphs.core.embeddings import (
     embeddings_named,
 )
 from graphs.core.migrations import migrate
-from graphs.core.pool import Pool, StampingPool, check_if_idle
+from graphs.core.pool import POOL_TIMEOUT_S, Pool, StampingPool, check_if_idle
 from graphs.core.saver import CairnSaver
 from graphs.core.store import PipelinedStore
 
@@ -98,11 +98,15 @@ PREPARE_THRESHOLD = 5
 """Runs of the same query on one connection before psycopg prepares it server-side."""
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
+def make_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = POOL_TIMEOUT_S
+) -> Pool:
     """A pool whose connections suit the saver and the store (autocommit, dict rows).
 
     Connections that sat idle are checked before they are lent, so a Postgres restart costs
-    a reconnect instead of failing the next request.
+    a reconnect instead of failing the next request; lost connections are replaced at least
+    once a second (graphs.core.pool.RECONNECT_EVERY_S), so the pool serves again within a
+    second or two of Postgres coming back; a request fails after `timeout` s without one.
     """
     return StampingPool(
         url,
@@ -112,6 +116,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
         open=False,
         configure=_configure,
         check=check_if_idle,
+        timeout=timeout,
         # psycopg prepares a statement on its fifth run on a connection: the saver's, the
         # store's and the data layer's hot queries then skip parsing and planning, ~7 ms a
         # turn (`make bench`). Multi-statement scripts (migrations) opt out with prepare=False.
@@ -179,7 +184,12 @@ async def open_persistence(
     settings); it is only called then."""
     if pool is None:
         url = await database_url(settings)
-        pool = make_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+        pool = make_pool(
+            url,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout_s,
+        )
     await pool.open(wait=True, timeout=30)
     try:
         async with pool.connection() as conn:

@@ -14,6 +14,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.pool_async import AddConnection
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 """The one pool type of the app: autocommit connections returning dict rows."""
@@ -23,6 +24,14 @@ Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 # only kind a Postgres restart can have broken unnoticed) is still checked before use.
 CHECK_IDLE_AFTER_S = 1.0
 _returned_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+RECONNECT_EVERY_S = 1.0
+"""Longest wait between two attempts to replace a lost connection. psycopg_pool doubles the
+wait after each failure (1, 2, 4 … s): after a 40 s outage the next attempt came up to 30 s
+after Postgres was back, and every request waited for it. Capped, it comes within a second."""
+POOL_TIMEOUT_S = 10.0
+"""How long a request waits for a connection before it fails (psycopg_pool's default, 30 s,
+left a user with no answer for half a minute while Postgres was away)."""
 
 
 class StampingPool(AsyncConnectionPool[Any]):
@@ -35,6 +44,11 @@ class StampingPool(AsyncConnectionPool[Any]):
     async def putconn(self, conn: Any) -> None:
         _returned_at[conn] = time.monotonic()
         await super().putconn(conn)
+
+    async def schedule_task(self, task: Any, delay: float) -> None:
+        if isinstance(task, AddConnection):
+            delay = min(delay, RECONNECT_EVERY_S)
+        await super().schedule_task(task, delay)
 
 
 async def check_if_idle(conn: AsyncConnection[DictRow]) -> None:
@@ -66,6 +80,7 @@ async def open_lock_pool(app_pool: Pool, *, max_size: int) -> AsyncConnectionPoo
         max_size=max_size,
         open=False,
         kwargs={"autocommit": True},
+        timeout=app_pool.timeout,
         # As the app's pool: a round trip only for a connection that sat idle or looks dead,
         # not before every lock (each chat turn and memory job takes one).
         check=check_if_idle,

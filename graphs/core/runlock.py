@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from graphs.core.errors import DatabaseUnavailable
 from graphs.core.pool import open_lock_pool
 
 if TYPE_CHECKING:
@@ -55,9 +57,12 @@ class ThreadRunLocks:
             pool = await self._pool()
             async with AsyncExitStack() as stack:
                 try:
-                    conn = await stack.enter_async_context(pool.connection(timeout=10))
-                except PoolTimeout:
-                    raise ThreadBusy from None
+                    conn = await stack.enter_async_context(pool.connection())
+                except PoolTimeout as exc:
+                    # No connection for the lock means Postgres is away, not that the
+                    # thread is busy: "busy" only ever means a run holds the lock.
+                    msg = "no database connection for the run lock"
+                    raise DatabaseUnavailable(msg) from exc
                 cur = await conn.execute(
                     "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
                 )
@@ -67,7 +72,11 @@ class ThreadRunLocks:
                 try:
                     yield
                 finally:
-                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+                    # A lost connection took the lock with it.
+                    with suppress(psycopg.OperationalError):
+                        await conn.execute(
+                            "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,)
+                        )
         finally:
             self._running.discard(thread_id)
 

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
 
     pool_min_size: int = 1
     pool_max_size: int = 10
+    pool_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """How long a request waits for a database connection (Postgres away) before the user
+    gets an error with Retry."""
 
     # Models: any OpenAI-compatible Chat Completions server. No key -> offline model.
     openai_api_key: SecretStr | None = Field(

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import procrastinate
 import psycopg
-from procrastinate.exceptions import AlreadyEnqueued
+from procrastinate.exceptions import AlreadyEnqueued, ConnectorException, UniqueViolation
+from procrastinate.jobs import Status
 
 from graphs.core import fence, metrics
+from graphs.core.errors import is_database_outage
 from graphs.core.pool import open_lock_pool
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
@@ -33,6 +35,21 @@ log = logging.getLogger("cairn.memory")
 # graphs/core/migrations.py.
 QUEUE = "memory"
 TASK_NAME = "cairn.write_memory"
+
+WORKER_HEARTBEAT_S = 5.0
+"""How often the job worker marks itself alive in procrastinate_workers."""
+STALLED_AFTER_S = 20.0
+"""A job worker silent this long is dead: its `doing` jobs are retried by a live one."""
+SWEEP_EVERY_S = 10.0
+"""How often every app process looks for stalled jobs (one at a time, across processes)."""
+RESTART_BACKOFF_S = (0.5, 5.0)
+"""First and longest wait before the job worker is started again after it stopped (Postgres
+restarted under it: procrastinate's worker ends when its LISTEN connection fails)."""
+HEALTHY_RUN_S = 30.0
+"""A worker that ran this long before stopping starts again after the shortest wait."""
+OUTAGE_PATIENCE_S = 300.0
+"""How long a turn's memory job keeps trying to be queued while Postgres is away."""
+_SWEEP_LOCK = "cairn-memory-jobs:stalled-sweep"
 
 
 class SharedPoolConnector(procrastinate.PsycopgConnector):
@@ -70,6 +87,10 @@ class MemoryJobs:
         idle_seconds: float,
         max_attempts: int = 4,
         retry_wait_s: int = 2,
+        heartbeat_s: float = WORKER_HEARTBEAT_S,
+        stalled_after_s: float = STALLED_AFTER_S,
+        sweep_every_s: float = SWEEP_EVERY_S,
+        restart_backoff_s: tuple[float, float] = RESTART_BACKOFF_S,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -77,6 +98,12 @@ class MemoryJobs:
         self.load_messages = load_messages
         self.idle_seconds = idle_seconds
         self.max_attempts = max_attempts
+        self.heartbeat_s = heartbeat_s
+        self.stalled_after_s = stalled_after_s
+        self.sweep_every_s = sweep_every_s
+        self.restart_backoff_s = restart_backoff_s
+        self.worker_starts = 0
+        """How many times this process started its job worker (restarts are starts - 1)."""
         self.app = procrastinate.App(connector=SharedPoolConnector())
         self._task = self.app.task(
             name=TASK_NAME,
@@ -91,6 +118,7 @@ class MemoryJobs:
         )(self._run)
         self._worker: asyncio.Task[None] | None = None
         self._lock_pool: AsyncConnectionPool[Any] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def add_periodic(self, name: str, *, cron: str, run: Callable[[], Awaitable[object]]) -> None:
         """A housekeeping task on the same queue, deferred once per cron tick across all
@@ -106,30 +134,127 @@ class MemoryJobs:
         await self.app.open_async(pool=self.pool)  # type: ignore[arg-type]
 
     def start_worker(self, *, concurrency: int = 2) -> None:
-        """Run jobs in this process; every app worker does, SKIP LOCKED shares them out."""
-        self._worker = asyncio.create_task(
-            self.app.run_worker_async(
-                queues=[QUEUE],
-                concurrency=concurrency,
-                wait=True,
-                install_signal_handlers=False,
-                fetch_job_polling_interval=0.5,
-                delete_jobs="successful",
-            ),
-            name="memory-jobs-worker",
-        )
+        """Run jobs in this process; every app worker does, SKIP LOCKED shares them out.
+
+        The worker is supervised (started again whenever it stops, Postgres restarts
+        included), and every process sweeps for jobs a dead worker left `doing`."""
+        self._worker = asyncio.create_task(self._supervise(concurrency), name="memory-jobs-worker")
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="memory-jobs-stalled")
+
+    async def _supervise(self, concurrency: int) -> None:
+        """procrastinate's worker, started again with backoff each time it stops or fails."""
+        first, longest = self.restart_backoff_s
+        delay = first
+        while True:
+            started = time.monotonic()
+            self.worker_starts += 1
+            try:
+                await self.app.run_worker_async(
+                    queues=[QUEUE],
+                    concurrency=concurrency,
+                    wait=True,
+                    install_signal_handlers=False,
+                    fetch_job_polling_interval=0.5,
+                    delete_jobs="successful",
+                    update_heartbeat_interval=self.heartbeat_s,
+                    stalled_worker_timeout=self.stalled_after_s,
+                )
+                log.warning("memory job worker stopped; starting it again in %.1f s", delay)
+            except Exception as exc:
+                log.warning(
+                    "memory job worker failed (%s: %s); starting it again in %.1f s",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+            if time.monotonic() - started > HEALTHY_RUN_S:
+                delay = first
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_every_s)
+            try:
+                await self.retry_stalled()
+            except Exception as exc:
+                log.warning("looking for stalled memory jobs failed: %s", exc)
+
+    async def retry_stalled(self) -> list[int]:
+        """Jobs left `doing` by a worker that stopped beating, queued again; the ids retried.
+
+        One process at a time (a Postgres advisory lock), so a job is never retried twice
+        from one stale list. A job that used up its attempts is dead-lettered instead, and
+        one whose thread has a newer job queued is dropped: that job covers it."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS ok", (_SWEEP_LOCK,)
+            )
+            row = await cur.fetchone()
+            if not (row and row["ok"]):
+                return []
+            try:
+                return await self._retry_stalled_jobs()
+            finally:
+                await conn.execute(
+                    "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (_SWEEP_LOCK,)
+                )
+
+    async def _retry_stalled_jobs(self) -> list[int]:
+        manager = self.app.job_manager
+        retried: list[int] = []
+        for job in await manager.get_stalled_jobs(
+            queue=QUEUE, seconds_since_heartbeat=self.stalled_after_s
+        ):
+            assert job.id is not None
+            args = job.task_kwargs
+            try:
+                if job.attempts + 1 >= self.max_attempts and job.task_name == TASK_NAME:
+                    await manager.finish_job_by_id_async(job.id, Status.FAILED, delete_job=False)
+                    await self._dead_letter(
+                        str(args.get("user_id")),
+                        str(args.get("thread_id")),
+                        job.id,
+                        job.attempts + 1,
+                        RuntimeError("its worker stopped while running it"),
+                    )
+                    continue
+                await manager.retry_job(job)
+            except UniqueViolation:  # the thread's newer job is queued
+                await manager.finish_job_by_id_async(job.id, Status.ABORTED, delete_job=True)
+                continue
+            except ConnectorException as exc:  # finished meanwhile: slow, not dead
+                log.info("stalled memory job %s not retried: %s", job.id, exc)
+                continue
+            log.warning("memory job %s was left running by a stopped worker: retried", job.id)
+            retried.append(job.id)
+        return retried
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
-            self._worker = None
+        for task in (self._sweeper, self._worker):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._worker = self._sweeper = None
         if self._lock_pool is not None:
             await self._lock_pool.close()
             self._lock_pool = None
 
     async def message_arrived(self, *, user_id: str, thread_id: str) -> None:
-        """Called after each turn with the user_id resolved from the session at request time."""
+        """Called after each turn (off the reply's path) with the user_id resolved from the
+        session at request time. Postgres away: tried again each second, for up to
+        OUTAGE_PATIENCE_S, so a turn answered just before an outage still reaches memory."""
+        deadline = time.monotonic() + OUTAGE_PATIENCE_S
+        while True:
+            try:
+                await self._message_arrived(user_id=user_id, thread_id=thread_id)
+                return
+            except Exception as exc:
+                if not is_database_outage(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def _message_arrived(self, *, user_id: str, thread_id: str) -> None:
         memory = ScopedMemory(self.store, user_id)
         settings, marker = await memory.settings_and_marker(thread_id)
         if not settings.enabled:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -25,6 +29,8 @@ from graphs.memory.scoped import ScopedMemory
 from tests.conftest import create_database
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +323,102 @@ async def test_a_job_for_a_thread_the_user_does_not_own_writes_nothing(db: Persi
     assert await contents(db, other) == []
     assert talk.loads_of(foreign) == []
     assert talk.loads_of(unknown) == []
+
+
+async def test_a_job_left_doing_by_a_killed_worker_is_retried_by_another(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    talk.add(thread, "I live in Kyoto")
+    async with memory_jobs_running(db, worker=False, load_messages=talk.load) as queue:
+        await queue.message_arrived(user_id=user, thread_id=thread)
+
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.stalled_job_worker", db.pool.conninfo],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+
+        async def taken() -> bool:
+            assert doomed.poll() is None, "the worker process ended before it was killed"
+            return await job_statuses(db, user) == ["doing"]
+
+        await eventually(taken, timeout=60, what="the doomed worker to take the job")
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=10)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+    assert await job_statuses(db, user) == ["doing"], "killed mid-job: left running"
+
+    async with memory_jobs_running(
+        db, load_messages=talk.load, heartbeat_s=0.5, stalled_after_s=2.0, sweep_every_s=0.5
+    ) as survivor:
+        await eventually(lambda: contents(db, user), what="the stalled job to be retried")
+        await eventually(lambda: no_pending_jobs(survivor, user), what="the queue to drain")
+
+    assert await contents(db, user) == ["User lives in Kyoto"]
+    assert len(talk.loads_of(thread)) == 1, "run once here (the killed worker used its own)"
+
+
+async def stall(db: Persistence, user: str, *, attempts: int = 0) -> int:
+    """Make the user's queued job look taken by a worker that died an hour ago."""
+    async with db.pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - interval '1 hour') RETURNING id"
+        )
+        worker = (await cur.fetchone())["id"]  # type: ignore[index]
+        cur = await conn.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s, attempts = %s "
+            "WHERE args->>'user_id' = %s AND status = 'todo' RETURNING id",
+            (worker, attempts, user),
+        )
+        return int((await cur.fetchone())["id"])  # type: ignore[index]
+
+
+async def test_stalled_jobs_are_retried_once_however_many_workers_sweep(db: Persistence) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    async with (
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as one,
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as two,
+        memory_jobs_running(db, worker=False, load_messages=talk.load) as three,
+    ):
+        await one.message_arrived(user_id=user, thread_id=thread)
+        job = await stall(db, user)
+        sweeps = await asyncio.gather(*(w.retry_stalled() for w in (one, two, three)))
+        assert sorted(job_id for ids in sweeps for job_id in ids) == [job]
+        assert await job_statuses(db, user) == ["todo"]
+        assert [await w.retry_stalled() for w in (one, two, three)] == [[], [], []]
+
+
+async def test_a_stalled_job_out_of_attempts_is_dead_lettered_not_retried(
+    db: Persistence,
+) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    async with memory_jobs_running(
+        db, worker=False, load_messages=Conversations().load, max_attempts=2
+    ) as jobs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        await stall(db, user, attempts=1)
+        assert await jobs.retry_stalled() == []
+    assert await job_statuses(db, user) == ["failed"]
+    [letter] = await dead_letters(db, user)
+    assert "stopped while running it" in letter["error"]
+
+
+async def test_a_stalled_job_whose_thread_has_a_newer_job_queued_is_dropped(
+    db: Persistence,
+) -> None:
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    async with memory_jobs_running(db, worker=False, load_messages=Conversations().load) as jobs:
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        await stall(db, user)
+        await jobs.message_arrived(user_id=user, thread_id=thread)  # the user wrote again
+        assert await jobs.retry_stalled() == []
+    assert await job_statuses(db, user) == ["todo"]

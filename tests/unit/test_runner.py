@@ -6,12 +6,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import psycopg
 import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import StateGraph
 from langgraph.store.memory import InMemoryStore
 from langgraph.types import interrupt
+from psycopg_pool import PoolTimeout
 
 from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound
 from graphs.assistant.graph import build_graph as build_assistant
@@ -19,6 +21,7 @@ from graphs.core.runlock import ThreadBusy
 from tests.fakes import ScriptedChatModel
 from ui.runner import (
     ANSWERED,
+    DATABASE_DOWN,
     MALFORMED_ANSWER,
     MODEL_FAILED,
     AgentSpec,
@@ -65,6 +68,8 @@ class RecordingSurface:
     said: list[tuple[str, str]] = field(default_factory=list)
     questions: list[tuple[str, str]] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
+    retry_for: list[str | None] = field(default_factory=list)
+    """The message each Retry would send again (None: resume from the checkpoint)."""
 
     def view(self, spec: AgentSpec, context: Any) -> RecordingView:
         self.views.append(RecordingView())
@@ -76,8 +81,9 @@ class RecordingSurface:
     async def refuse(self, text: str) -> None:
         self.said.append(("refuse", text))
 
-    async def failed(self, text: str, *, thread_id: str) -> None:
+    async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         self.said.append(("failed", text))
+        self.retry_for.append(message_id)
 
     async def show_interrupt(self, kind: InterruptKind | None, item: Any, thread_id: str) -> None:
         self.questions.append((kind.name if kind else "?", item.id))
@@ -273,6 +279,65 @@ async def test_a_failing_model_offers_retry_and_retry_resumes_from_the_checkpoin
     assert len(humans) == 1  # the retry did not add the message twice
 
 
+class AwayThreads(MemoryThreads):
+    """Ownership whose database is away until `back` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back = False
+
+    async def claim(self, **kw: Any):
+        if not self.back:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
+        return await super().claim(**kw)
+
+
+async def test_a_message_sent_while_postgres_is_away_fails_with_retry_of_that_message():
+    model = ScriptedChatModel(["Here now"])
+    runner = make_runner(assistant_spec(), model=model)
+    runner.threads = threads = AwayThreads()
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "hi", message_id="m-away")
+
+    assert outcome.status == "unavailable"  # not "busy": nothing is running
+    assert surface.said == [("failed", DATABASE_DOWN)]
+    assert surface.retry_for == ["m-away"]
+    threads.back = True
+    retried = await runner.resend(
+        surface,
+        user_id="alice",
+        thread_id="t1",
+        profile=None,
+        text="hi",
+        message_id="m-away",
+        temporary=False,
+    )
+    assert retried.status == "done"
+    assert retried.reply == "Here now"
+    state = await runner.graphs["assistant"].aget_state({"configurable": {"thread_id": "t1"}})
+    assert [m.id for m in state.values["messages"] if m.type == "human"] == ["m-away"]
+
+
+class LostLocks(MemoryLocks):
+    @asynccontextmanager
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+        yield
+
+
+async def test_a_lost_database_connection_is_not_reported_as_a_busy_thread():
+    runner = make_runner(assistant_spec(), model=ScriptedChatModel(["one"]))
+    runner.locks = LostLocks()
+    surface = RecordingSurface()
+
+    outcome = await send(runner, surface, "hi")
+
+    assert outcome.status == "unavailable"
+    assert surface.said == [("failed", DATABASE_DOWN)]
+    assert str(ThreadBusy()) not in str(surface.said)
+
+
 async def test_the_recursion_limit_is_a_notice_not_a_crash():
     from langchain_core.messages import AIMessage
     from langchain_core.messages.tool import tool_call
@@ -466,3 +531,22 @@ async def test_a_run_outside_any_session_writes_under_an_authority_of_its_own():
     assert own.user_id == "alice"
     assert own.since >= started
     assert fence.current() is None  # nothing leaks out of the run
+
+
+async def test_the_run_lock_reports_a_missing_connection_as_an_outage_not_busy():
+    from graphs.core.errors import DatabaseUnavailable, is_database_outage
+    from graphs.core.runlock import ThreadRunLocks
+
+    class NoConnections:
+        @asynccontextmanager
+        async def connection(self, timeout: float | None = None) -> AsyncIterator[Any]:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
+            yield
+
+    locks = ThreadRunLocks(pool=None)  # type: ignore[arg-type]
+    locks._lock_pool = NoConnections()  # type: ignore[assignment]
+    with pytest.raises(DatabaseUnavailable) as raised:
+        async with locks.hold("t1"):
+            pass
+    assert is_database_outage(raised.value)
+    assert not isinstance(raised.value, ThreadBusy)
