@@ -207,7 +207,9 @@ async def run_before(store: BaseStore, dataset: RetrievalSet) -> list[Outcome]:
             vector = await store.embeddings.aembed_query(q.query)
             prefix = ".".join((ROOT, user_label(user_id(q.user)), FACTS))
             async with _ainternal.get_connection(store.conn) as conn:
-                cur = await conn.execute(_BEFORE_SEARCH, (str(vector), prefix, BEFORE_LIMIT))
+                # The index the store reads (another model's table during a re-embedding).
+                search = _BEFORE_SEARCH.replace("store_vectors", store.vectors_table)
+                cur = await conn.execute(search, (str(vector), prefix, BEFORE_LIMIT))
                 rows = await cur.fetchall()
             got = tuple(
                 (r["key"], round(r["score"], 3)) for r in rows if r["score"] >= BEFORE_THRESHOLD
