@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from langchain_core.messages import AIMessage
@@ -25,6 +25,7 @@ from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread,
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
+from graphs.core.timetravel import checkpoint_id, latest_checkpoint_id, root_checkpoint_id
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -57,6 +58,9 @@ Status = Literal["done", "paused", "stopped", "failed", "busy", "not_found", "re
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
 Ask = Callable[[str, int], Awaitable[str | None]]
 """Ask the user a question (text, timeout in seconds); their answer, or None."""
+StartFrom = Callable[[Any], Awaitable["RunnableConfig"]]
+"""Time travel: under the run lock, given the compiled graph, the checkpoint config a run
+starts from (a support fork writes it with update_state first)."""
 
 
 class AnswerRejected(ValueError):
@@ -164,6 +168,13 @@ class Surface(Protocol):
         ...
 
 
+class ForkPoints(Protocol):
+    """Which checkpoint each user message was sent on (graphs/core/timetravel.py)."""
+
+    async def record(self, thread_id: str, message_id: str, checkpoint: str | None) -> None: ...
+    async def point(self, thread_id: str, message_id: str) -> tuple[bool, str | None]: ...
+
+
 class RunLocks(Protocol):
     def hold(self, thread_id: str) -> AbstractAsyncContextManager[None]: ...
 
@@ -213,6 +224,7 @@ class Runner:
         services: Any = None,
         journal: RunJournal | None = None,
         stale_s: float = STALE_S,
+        fork_points: ForkPoints | None = None,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -227,6 +239,8 @@ class Runner:
         """Runs in progress in Postgres, so a dead worker's runs are resumed (None: not kept)."""
         self.stale_s = stale_s
         """A run whose worker has not beaten for this long is resumed by this one."""
+        self.fork_points = fork_points
+        """Each user message's checkpoint, so editing it forks from there (None: not kept)."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -263,7 +277,9 @@ class Runner:
             await surface.refuse(UNAVAILABLE)
             return RunOutcome("refused", owned=owned)
         context = _context(owned, user_id, thread_id)
-        return await self._run(surface, spec, spec.inputs(text, message_id), context, owned)
+        return await self._run(
+            surface, spec, spec.inputs(text, message_id), context, owned, message_id=message_id
+        )
 
     async def retry(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
         """Resume the thread from its last checkpoint: the failed node runs again."""
@@ -312,6 +328,62 @@ class Runner:
         context = _context(owned, user_id, thread_id)
         async with surface.running():
             return await self._run(surface, spec, command, context, owned, answering=interrupt_id)
+
+    # -- time travel ------------------------------------------------------------------
+
+    async def edit(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        message_id: str,
+        text: str,
+        on_fork: Callable[[], Awaitable[None]] | None = None,
+    ) -> RunOutcome:
+        """An earlier message of the user's, edited and sent again: the thread forks from the
+        checkpoint that message was sent on, so the model never sees what followed it (the old
+        branch stays in the thread's history). `on_fork` runs under the lock just before."""
+        checked = await self._owned(surface, user_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        found, point = (
+            await self.fork_points.point(thread_id, message_id)
+            if self.fork_points is not None
+            else (False, None)
+        )
+        if not found:
+            log.warning("refused: user %s edited unknown message %s", user_id, message_id[:64])
+            await surface.refuse(NOT_FOUND)
+            return RunOutcome("not_found")
+
+        async def start(graph: Any) -> RunnableConfig:
+            checkpoint = point or await root_checkpoint_id(graph, thread_id)
+            if checkpoint is None and await latest_checkpoint_id(graph, thread_id) is not None:
+                raise ThreadNotFound
+            if on_fork is not None:
+                await on_fork()
+            fork = {"checkpoint_id": checkpoint} if checkpoint else {}  # none: a new thread
+            return {"configurable": {"thread_id": thread_id, **fork}}
+
+        context = _context(owned, user_id, thread_id)
+        return await self._run(
+            surface, spec, spec.inputs(text, message_id), context, owned, start=start
+        )
+
+    async def fork(
+        self, surface: Surface, *, owner_id: str, thread_id: str, start: StartFrom
+    ) -> RunOutcome:
+        """A support fork: `start` writes the forked checkpoint under the run lock, then the run
+        resumes from it as the owner's thread, without long-term memory (support never sees
+        the owner's memories, and the fork teaches memory nothing)."""
+        checked = await self._owned(surface, owner_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        context = replace(_context(owned, owner_id, thread_id), memory=False)
+        return await self._run(surface, spec, None, context, owned, start=start)
 
     async def reopen(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
         """A conversation opened again: its panels come back and a paused run gets its buttons."""
@@ -411,6 +483,8 @@ class Runner:
         owned: OwnedThread,
         *,
         answering: str | None = None,
+        start: StartFrom | None = None,
+        message_id: str | None = None,
     ) -> RunOutcome:
         """One run on the thread; a second one while it works is refused (across workers)."""
         graph = self.graphs.get(spec.key)
@@ -425,12 +499,21 @@ class Runner:
                         await surface.refuse(ANSWERED)
                         return RunOutcome("refused", owned=owned)
                     await surface.clear_prompt(answering)
+                config = await self._start_config(graph, spec, context.thread_id, start)
+                if config is None:
+                    await surface.refuse(NOT_FOUND)
+                    return RunOutcome("not_found", owned=owned)
+                if message_id is not None and self.fork_points is not None:
+                    point = checkpoint_id(config) or await latest_checkpoint_id(
+                        graph, context.thread_id
+                    )
+                    await self.fork_points.record(context.thread_id, message_id, point)
                 if self.journal is not None:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
                 # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
-                outcome = await self._stream(surface, spec, graph, inputs, context)
+                outcome = await self._stream(surface, spec, graph, inputs, context, config)
                 if self.journal is not None:
                     await self.journal.finished(context.thread_id)
         except ThreadBusy as exc:
@@ -445,6 +528,21 @@ class Runner:
             self._in_background(spec.after_turn(self.services, context))
         return outcome
 
+    async def _start_config(
+        self, graph: Any, spec: AgentSpec, thread_id: str, start: StartFrom | None
+    ) -> RunnableConfig | None:
+        """The run's config: the thread's head, or the checkpoint `start` forks from (None:
+        refused as a missing thread)."""
+        config = _config(thread_id, spec)
+        if start is None:
+            return config
+        try:
+            forked = await start(graph)
+        except ThreadNotFound:
+            return None
+        configurable = {**forked.get("configurable", {}), "thread_id": thread_id}
+        return {**config, "configurable": configurable}
+
     async def _stream(
         self,
         surface: Surface,
@@ -452,7 +550,10 @@ class Runner:
         graph: Any,
         inputs: dict[str, Any] | Command[Any] | None,
         context: Context,
+        run_config: RunnableConfig | None = None,
     ) -> RunOutcome:
+        # The thread's head, for reading state: a fork's run starts at `run_config` but its
+        # new checkpoints are the head by the time anything reads them.
         config = _config(context.thread_id, spec)
         modes: list[StreamMode] = list(dict.fromkeys(("updates", *spec.stream_modes)))
 
@@ -468,7 +569,7 @@ class Runner:
             await view.begin(load_state)
             stream = graph.astream(
                 inputs,
-                config,
+                run_config or config,
                 context=context,
                 stream_mode=modes,
                 subgraphs=True,

@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     """Seeded accounts for the bundled login, 'name:password' comma separated."""
     local_signup: bool = True
     """Whether the bundled login offers account creation."""
+    support_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Identities (as auth/ makes them: `cairn:<uuid>`, `<provider>:<subject>`) with the support
+    role: they may open any conversation's checkpoint history and fork it, audited."""
 
     # Input limits.
     max_message_chars: int = Field(default=8000, ge=1)
@@ -162,7 +165,12 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "allow_origins", "image_allowed_origins", "local_users", "upload_mime_types", mode="before"
+        "allow_origins",
+        "image_allowed_origins",
+        "local_users",
+        "upload_mime_types",
+        "support_users",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: object) -> object:
