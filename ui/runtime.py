@@ -24,6 +24,7 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
+from graphs.core.timetravel import MessageCheckpoints, SupportAudit
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
@@ -36,6 +37,7 @@ from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
+from ui.support_page import build_router as build_support_router
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -54,6 +56,8 @@ class AppRuntime:
     persistence: Persistence | None = None
     graphs: dict[str, Any] = field(default_factory=dict)
     memory_jobs: MemoryJobs | None = None
+    support_audit: SupportAudit | None = None
+    """Support's accesses to conversations and forks (the support view, the owner's export)."""
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
     _privacy: Privacy | None = None
@@ -131,6 +135,7 @@ def prepare(app: FastAPI) -> AppRuntime:
         )
         mount_before_catch_all(app, router)
     mount_before_catch_all(app, build_memory_router(get_runtime))
+    mount_before_catch_all(app, build_support_router())
     mount_before_catch_all(app, corpus_router(settings))
     _runtime = AppRuntime(
         settings=settings,
@@ -138,6 +143,7 @@ def prepare(app: FastAPI) -> AppRuntime:
         public_url=public_url,
         accounts=accounts,
         run_locks=ThreadRunLocks(pool),
+        support_audit=SupportAudit(pool),
     )
     return _runtime
 
@@ -174,6 +180,7 @@ async def start() -> None:
         locks=runtime.run_locks,
         services=runtime,
         journal=journal,
+        fork_points=MessageCheckpoints(runtime.pool),
     )
     runtime.background = [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
