@@ -188,6 +188,35 @@ async def handle_message(message: cl.Message) -> None:
         await message.remove()
 
 
+@chat_handler
+async def edit_message(message: cl.Message, text: str, later: list[cl.Message]) -> None:
+    """An earlier message edited: the conversation forks from before it (the runner finds the
+    checkpoint, under the run lock, for the thread's owner only); the later messages leave the
+    chat only once the fork is certain. Attachments of the original message are not re-sent."""
+    runtime = get_runtime()
+    user_id = await _session_user_id()
+    try:
+        check_message(text, [], runtime.settings)
+    except InputRejected as exc:
+        await refuse(str(exc))
+        return
+
+    async def on_fork() -> None:
+        for step in later:
+            await step.remove()
+        message.content = text
+        await message.update()
+
+    await runtime.runner.edit(
+        ChatSurface(),
+        user_id=user_id,
+        thread_id=cl.context.session.thread_id,
+        message_id=message.id,
+        text=compose(text, []),
+        on_fork=on_fork,
+    )
+
+
 def _prefetch_recall_query(runtime: Any, text: str) -> None:
     """Start embedding the recall query now, overlapping the ownership check and checkpoint load."""
     prefetch = getattr(runtime.persistence.embedding.embeddings, "prefetch", None)
