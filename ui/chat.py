@@ -134,6 +134,25 @@ async def resume_chat(thread: ThreadDict) -> None:
         return
     await _chat_settings(temporary=owned.temporary)
     _after_resume(runtime.runner.reopen(ChatSurface(), user_id=user_id, thread_id=thread["id"]))
+    _after_resume(_support_notice(runtime, thread["id"]))
+
+
+SUPPORT_NOTICE = (
+    "Cairn support opened this conversation's history {count} time(s), last on {when} UTC. "
+    "The memory page's export lists each access and why."
+)
+
+
+async def _support_notice(runtime: Any, thread_id: str) -> None:
+    """The owner sees that support opened the conversation (the audit, read for its owner)."""
+    if runtime.support_audit is None:
+        return
+    rows = await runtime.support_audit.for_thread(thread_id)
+    if rows:
+        when = rows[0]["at"][:16].replace("T", " ")
+        await cl.Message(
+            content=SUPPORT_NOTICE.format(count=len(rows), when=when), author="Cairn"
+        ).send()
 
 
 def _after_resume(work: Awaitable[Any]) -> None:

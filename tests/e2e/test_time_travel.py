@@ -134,6 +134,7 @@ def test_support_opens_history_and_forks_and_the_owner_sees_it(support_server, b
     assert actions == {"history", "state", "fork"}
     alice.goto(f"{support_server.url}/thread/{thread_id}")
     expect(alice.get_by_text("Cairn support resumed this conversation")).to_be_visible()
+    expect(alice.get_by_text("Cairn support opened this conversation's history")).to_be_visible()
     # Without the page's header the fork is refused.
     refused = httpx.post(
         f"{support_server.url}/support/threads/{thread_id}/checkpoints/x/fork",
