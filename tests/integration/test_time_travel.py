@@ -34,6 +34,7 @@ from tests.integration.test_memory_jobs import db
 from tests.integration.test_privacy import chainlit_thread, scalar
 from ui.agents.assistant import SPEC as ASSISTANT
 from ui.agents.planner import SPEC as PLANNER
+from ui.agents.research import SPEC as RESEARCH
 from ui.memory_page import build_router as build_memory_router
 from ui.runner import PostgresThreads, Runner
 from ui.support_page import build_router as build_support_router
@@ -71,10 +72,11 @@ async def runtime(db: Persistence) -> AsyncIterator[Runtime]:
             checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
         ),
         "planner": PLANNER.build(checkpointer=db.checkpointer, store=db.store),
+        "research": RESEARCH.build(checkpointer=db.checkpointer, store=db.store),
     }
     locks = ThreadRunLocks(db.pool)
     runner = Runner(
-        agents=(ASSISTANT, PLANNER),
+        agents=(ASSISTANT, PLANNER, RESEARCH),
         graphs=graphs,
         threads=PostgresThreads(db.pool),
         locks=locks,
@@ -365,3 +367,36 @@ async def test_an_edit_of_another_users_message_is_refused_on_postgres(runtime):
     head = await runtime.graphs["assistant"].aget_state({"configurable": {"thread_id": thread}})
     assert texts(head.values)[0] == "private"
     assert next(m for m in head.values["messages"] if isinstance(m, HumanMessage)).text == "private"
+
+
+async def test_a_research_fork_with_an_edited_todo_list_pauses_for_review_again(
+    runtime, support_role
+):
+    graph = runtime.graphs["research"]
+    owner, thread = new_user(), str(uuid.uuid4())
+    outcome = await runtime.runner.message(
+        HeadlessSurface(),
+        user_id=owner,
+        thread_id=thread,
+        profile=RESEARCH.profile,
+        text="What is pgvector and how does HNSW work?",
+        message_id=f"{thread}-m0",
+        temporary=False,
+    )
+    assert outcome.status == "paused"
+    paused = await graph.aget_state({"configurable": {"thread_id": thread}})
+    assert paused.values["todos"]
+    async with client_as(runtime, SUPPORT) as client:
+        made = await client.post(
+            f"/support/threads/{thread}/checkpoints/{checkpoint_id(paused.config)}/fork",
+            json={"reason": "Try a narrower plan", "field": "todos", "text": "HNSW only"},
+            headers=PAGE,
+        )
+    assert made.status_code == 200, made.text
+    assert made.json()["status"] == "paused"
+    head = await graph.aget_state({"configurable": {"thread_id": thread}})
+    assert [t["content"] for t in head.values["todos"]] == ["HNSW only"]
+    assert head.interrupts  # waiting for the owner's approval of the edited plan
+    again = await snapshot_at(graph, thread, str(checkpoint_id(paused.config)))
+    assert again is not None
+    assert state_digest(again.values) == state_digest(paused.values)
