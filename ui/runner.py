@@ -25,7 +25,12 @@ from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread,
 from graphs.core.context import Context
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
-from graphs.core.timetravel import checkpoint_id, latest_checkpoint_id, root_checkpoint_id
+from graphs.core.timetravel import (
+    checkpoint_id,
+    latest_checkpoint_id,
+    message_fork_point,
+    root_checkpoint_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -353,6 +358,8 @@ class Runner:
             if self.fork_points is not None
             else (False, None)
         )
+        if not found:  # sent before fork points were recorded: look for it in the state
+            found, point = await message_fork_point(self.graphs[spec.key], thread_id, message_id)
         if not found:
             log.warning("refused: user %s edited unknown message %s", user_id, message_id[:64])
             await surface.refuse(NOT_FOUND)

@@ -197,6 +197,33 @@ async def root_checkpoint_id(graph: Any, thread_id: str) -> str | None:
     return root
 
 
+def _holds(values: dict[str, Any], message_id: str) -> bool:
+    return any(getattr(m, "id", None) == message_id for m in values.get("messages") or [])
+
+
+async def message_fork_point(
+    graph: Any, thread_id: str, message_id: str
+) -> tuple[bool, str | None]:
+    """For a message sent before fork points were recorded: the checkpoint it was sent on,
+    found by its id in the live branch's messages (found=False: not a message of this thread).
+
+    Walks back from the head to the first checkpoint holding the message; its parent is the
+    input checkpoint that brought it, and a fork from there replaces that input."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    snapshot = await graph.aget_state(config)
+    if not _holds(snapshot.values, message_id):
+        return False, None
+    earliest = snapshot
+    for _ in range(MAX_HISTORY):
+        if snapshot.parent_config is None:
+            break
+        snapshot = await graph.aget_state(snapshot.parent_config)
+        if not _holds(snapshot.values, message_id):
+            break
+        earliest = snapshot
+    return True, checkpoint_id(earliest.parent_config)
+
+
 # -- forking ------------------------------------------------------------------------------
 
 

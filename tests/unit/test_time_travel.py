@@ -353,3 +353,19 @@ def test_fork_edits_are_checked():
             fork_update(values, what, text, path)  # type: ignore[arg-type]
     with pytest.raises(ForkRefused):
         fork_update({"messages": []}, "plan", "x")
+
+
+@pytest.mark.parametrize(("edited", "seen"), [("m2", ["one", "TWO"]), ("m1", ["TWO"])])
+async def test_a_message_sent_before_fork_points_were_kept_is_found_in_the_state(edited, seen):
+    model = ScriptedChatModel(["r1", "r2", "r3", "again"])
+    runner = runner_for(assistant_spec(), model=model)
+    await three_turns(runner)
+    assert isinstance(runner.fork_points, MemoryForkPoints)
+    runner.fork_points.rows.clear()  # as in a conversation from before they were recorded
+
+    outcome = await runner.edit(
+        RecordingSurface(), user_id="alice", thread_id="t1", message_id=edited, text="TWO"
+    )
+
+    assert outcome.status == "done"
+    assert human_texts(model.seen[-1]) == seen
