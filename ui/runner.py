@@ -176,7 +176,10 @@ class Surface(Protocol):
 class ForkPoints(Protocol):
     """Which checkpoint each user message was sent on (graphs/core/timetravel.py)."""
 
-    async def record(self, thread_id: str, message_id: str, checkpoint: str | None) -> None: ...
+    async def record(self, thread_id: str, message_id: str, checkpoint: str | None) -> None:
+        """Record the checkpoint a message is sent on (None: the thread's head now)."""
+        ...
+
     async def point(self, thread_id: str, message_id: str) -> tuple[bool, str | None]: ...
 
 
@@ -511,10 +514,10 @@ class Runner:
                     await surface.refuse(NOT_FOUND)
                     return RunOutcome("not_found", owned=owned)
                 if message_id is not None and self.fork_points is not None:
-                    point = checkpoint_id(config) or await latest_checkpoint_id(
-                        graph, context.thread_id
+                    # None: the thread's head, which this run (holding the lock) starts from.
+                    await self.fork_points.record(
+                        context.thread_id, message_id, checkpoint_id(config)
                     )
-                    await self.fork_points.record(context.thread_id, message_id, point)
                 if self.journal is not None:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key

@@ -19,6 +19,7 @@ from graphs.core.timetravel import (
     checkpoint_id,
     fork_update,
     history,
+    latest_checkpoint_id,
     snapshot_at,
     state_digest,
     summarise,
@@ -40,12 +41,15 @@ THREAD = {"configurable": {"thread_id": "t1"}}
 
 
 class MemoryForkPoints:
-    """cairn_message_checkpoints in a dict."""
+    """cairn_message_checkpoints in a dict (the head read through the saver)."""
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], str | None] = {}
+        self.graph: Any = None
 
     async def record(self, thread_id: str, message_id: str, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            checkpoint = await latest_checkpoint_id(self.graph, thread_id)
         self.rows.setdefault((thread_id, message_id), checkpoint)
 
     async def point(self, thread_id: str, message_id: str) -> tuple[bool, str | None]:
@@ -56,13 +60,15 @@ class MemoryForkPoints:
 def runner_for(*specs: AgentSpec, model: Any = None, services: Any = None) -> Runner:
     saver = InMemorySaver()
     graphs = {s.key: s.build(checkpointer=saver, store=InMemoryStore(), model=model) for s in specs}
+    points = MemoryForkPoints()
+    points.graph = next(iter(graphs.values()))
     return Runner(
         agents=specs,
         graphs=graphs,
         threads=MemoryThreads(),
         locks=MemoryLocks(),
         services=services,
-        fork_points=MemoryForkPoints(),
+        fork_points=points,
     )
 
 
