@@ -1,4 +1,4 @@
-"""Where a turn runs: every message, retry, button answer and memory-page answer of every agent.
+"""Where a turn runs: every message, edit, retry, button answer, memory-page answer and support fork of every agent.
 
 One path for all of them: ownership → run lock → config → stream → view → interrupts →
 after-turn hook. Agents differ only through their `AgentSpec` (ui/agents/); what the user
