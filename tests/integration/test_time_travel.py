@@ -400,3 +400,33 @@ async def test_a_research_fork_with_an_edited_todo_list_pauses_for_review_again(
     again = await snapshot_at(graph, thread, str(checkpoint_id(paused.config)))
     assert again is not None
     assert state_digest(again.values) == state_digest(paused.values)
+
+
+async def test_editing_a_research_question_paused_for_review_asks_again(runtime):
+    owner, thread = new_user(), str(uuid.uuid4())
+    outcome = await runtime.runner.message(
+        HeadlessSurface(),
+        user_id=owner,
+        thread_id=thread,
+        profile=RESEARCH.profile,
+        text="What is pgvector?",
+        message_id=f"{thread}-m0",
+        temporary=False,
+    )
+    assert outcome.status == "paused"
+
+    edited = await runtime.runner.edit(
+        HeadlessSurface(),
+        user_id=owner,
+        thread_id=thread,
+        message_id=f"{thread}-m0",
+        text="How does HNSW indexing work?",
+    )
+
+    assert edited.status == "paused"
+    head = await runtime.graphs["research"].aget_state({"configurable": {"thread_id": thread}})
+    assert [m.text for m in head.values["messages"] if isinstance(m, HumanMessage)] == [
+        "How does HNSW indexing work?"
+    ]
+    assert head.values["question"] == "How does HNSW indexing work?"
+    assert head.interrupts

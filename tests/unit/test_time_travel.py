@@ -375,3 +375,25 @@ async def test_a_message_sent_before_fork_points_were_kept_is_found_in_the_state
 
     assert outcome.status == "done"
     assert human_texts(model.seen[-1]) == seen
+
+
+async def test_editing_a_planner_goal_forks_from_before_it():
+    runner = runner_for(planish_spec([]))
+    await send(runner, RecordingSurface(), "goal one", message_id="m1")
+    await send(runner, RecordingSurface(), "goal two", message_id="m2")
+
+    outcome = await runner.edit(
+        RecordingSurface(), user_id="alice", thread_id="t1", message_id="m2", text="goal TWO"
+    )
+
+    assert outcome.status == "done"
+    graph = runner.graphs["planner"]
+    head = await graph.aget_state(THREAD)
+    assert head.values["input"] == "goal TWO"
+    inputs = {s.values.get("input") async for s in graph.aget_state_history(THREAD)}
+    assert {"goal one", "goal two", "goal TWO"} <= inputs
+    # The fork's parent chain never passes through the discarded goal.
+    snapshot = head
+    while snapshot.parent_config is not None:
+        snapshot = await graph.aget_state(snapshot.parent_config)
+        assert snapshot.values.get("input") != "goal two"
