@@ -6,6 +6,7 @@ from chainlit.server import app
 from auth.oauth import oauth_callback
 from ui import chat, runtime
 from ui.actions import ANSWER_ACTION, RETRY_ACTION
+from ui.chainlit_patches import on_message_edit
 from ui.data_layer import PostgresDataLayer
 
 # Also installs every Chainlit patch (ui/chainlit_patches.py) before Chainlit serves.
@@ -19,6 +20,7 @@ cl.set_chat_profiles(chat.chat_profiles)
 cl.on_chat_start(chat.start_chat)
 cl.on_chat_resume(chat.resume_chat)
 cl.on_message(chat.handle_message)
+on_message_edit(chat.edit_message)
 cl.on_settings_update(chat.update_settings)
 cl.action_callback(RETRY_ACTION)(chat.retry_turn)
 cl.action_callback(ANSWER_ACTION)(chat.answer_question)

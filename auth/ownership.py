@@ -89,3 +89,18 @@ async def owned_thread_ids(pool: Pool, *, user_id: str) -> list[str]:
 
 def http_refusal() -> HTTPException:
     return HTTPException(status_code=404, detail=NOT_FOUND)
+
+
+async def thread_record(pool: Pool, *, thread_id: str) -> tuple[str, OwnedThread] | None:
+    """A thread's owner and record, for the support role only (everyone else: require_owner)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT owner_id, agent, temporary FROM cairn_threads WHERE thread_id = %s",
+            (thread_id,),
+        )
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    return str(row["owner_id"]), OwnedThread(
+        agent=str(row["agent"]), temporary=bool(row["temporary"])
+    )

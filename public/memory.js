@@ -275,6 +275,11 @@ function renderConversations() {
     title.append(conversationLink(c.id, c.name));
     const meta = el("div", c.agent + " · last active " + when(c.last_active_at), "meta");
     if (c.temporary) meta.append(" · temporary");
+    if (c.support_opened_at) {
+      const notice = el("span", " · opened by Cairn support " + when(c.support_opened_at) +
+        (c.support_forks ? " (forked " + c.support_forks + "×)" : ""), "support-notice");
+      meta.append(notice);
+    }
     const forget = document.createElement("input");
     forget.type = "checkbox";
     forget.className = "forget";

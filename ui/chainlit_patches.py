@@ -11,6 +11,8 @@ The patches, in the order `install` applies them:
 - settings: `chainlit_config` and the `CHAINLIT_AUTH_SECRET` / `CHAINLIT_URL` variables from
   Cairn's Settings (`configure_chainlit`).
 - sockets: every socket handler checks its frame first (`guard_socket_events`).
+- edits: editing a message forks the LangGraph thread instead of re-sending it on top of the
+  old history (`route_message_edits`).
 - uploads: a private uploads folder per process (`relocate_files`).
 - clock: Chainlit's 1 ms sleep per Step/Message only when needed (`SpacedClock`).
 - thread ACL: one answer for unknown and foreign threads (`require_thread_author`).
@@ -25,6 +27,7 @@ documented extension point); the Chainlit SQL it copies is pinned by the same te
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import json
@@ -44,10 +47,13 @@ import chainlit.element
 import chainlit.emitter
 import chainlit.server
 from chainlit.auth import get_current_user, get_token_from_cookies
+from chainlit.chat_context import chat_context
 from chainlit.config import config as chainlit_config
 from chainlit.context import context as chainlit_context
+from chainlit.context import init_ws_context
 from chainlit.data import get_data_layer
 from chainlit.emitter import ChainlitEmitter
+from chainlit.message import ErrorMessage
 from chainlit.session import WebsocketSession, ws_sessions_id
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
@@ -516,6 +522,7 @@ def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
     Safe to run again in one process: no patch wraps or replaces twice.
     """
     configure_chainlit(settings, public_url=public_url, auth_secret=auth_secret)
+    route_message_edits(chainlit.server.sio)
     guard_socket_events(chainlit.server.sio)
     folder = relocate_files(settings.data_dir / "files")
     space_out_steps()
@@ -693,6 +700,67 @@ class SanitisingEmitter(ChainlitEmitter):
 
     def send_ask_user(self, step_dict, spec, raise_on_timeout=False):  # type: ignore[no-untyped-def]
         return super().send_ask_user(sanitise_step(step_dict), spec, raise_on_timeout)
+
+
+# --- edits: an edited message forks the thread ---
+
+EditHandler = Callable[[Any, str, list[Any]], Awaitable[None]]
+"""Cairn's edit handler: (the edited message, its new text, the messages after it)."""
+_edit_handler: EditHandler | None = None
+
+
+def on_message_edit(handler: EditHandler) -> EditHandler:
+    """Register the handler every message edit goes to (app.py: ui/chat.edit_message)."""
+    global _edit_handler
+    _edit_handler = handler
+    return handler
+
+
+def route_message_edits(sio: Any) -> None:
+    """Replace Chainlit's `edit_message` socket handler (socket.py `edit_message`).
+
+    Before: Chainlit removed every later message, changed the text, and called `on_message`
+    again, so the graph got the edited text on top of the whole old history, the removal
+    happened even when the run was then refused (thread busy), and an id not in the session
+    reached `on_message(None)`. Here: only a user message of this session's conversation can be
+    edited (anything else gets the missing-thread refusal), and Cairn's handler decides when
+    the later messages go (under the run lock, once the fork is certain).
+    """
+    handlers: dict[str, Any] = sio.handlers["/"]
+    if getattr(handlers.get("edit_message"), "cairn_edits", False):
+        return
+
+    async def edit_message(sid: str, payload: dict[str, Any]) -> None:
+        session = WebsocketSession.require(sid)
+        context = init_ws_context(session)
+        wanted = payload["message"]["id"]
+        messages = chat_context.get()
+        index = next(
+            (
+                i
+                for i, m in enumerate(messages)
+                if m.id == wanted and getattr(m, "type", None) == "user_message"
+            ),
+            None,
+        )
+        if index is None or _edit_handler is None:
+            log.warning("refused: edit of message %s not in socket %s's chat", wanted[:64], sid)
+            error = ErrorMessage(content=NOT_FOUND)
+            error.parent_id = None
+            await error.send()
+            return
+        await context.emitter.task_start()
+        try:
+            await _edit_handler(
+                messages[index], payload["message"]["output"], messages[index + 1 :]
+            )
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await context.emitter.task_end()
+
+    edit_message.cairn_edits = True  # type: ignore[attr-defined]
+    handlers["edit_message"] = edit_message
 
 
 # --- helpers for code that must reach Chainlit's internals ---

@@ -147,6 +147,7 @@ async def resume_chat(thread: ThreadDict) -> None:
         return
     await _chat_settings(temporary=owned.temporary)
     _after_resume(_reopen(runtime, user_id, thread["id"]))
+    _after_resume(_support_notice(runtime, thread["id"]))
 
 
 NOT_ANSWERED = "Your last message was not answered: the database was away."
@@ -158,6 +159,24 @@ async def _reopen(runtime: Any, user_id: str, thread_id: str) -> None:
         offer = retry_message(NOT_ANSWERED, thread_id=thread_id, message_id=message_id)
         offer.persisted = True  # shown, not stored: the stored error already says it
         await offer.send()
+
+
+SUPPORT_NOTICE = (
+    "Cairn support opened this conversation's history {count} time(s), last on {when} UTC. "
+    "The memory page's export lists each access and why."
+)
+
+
+async def _support_notice(runtime: Any, thread_id: str) -> None:
+    """The owner sees that support opened the conversation (the audit, read for its owner)."""
+    if runtime.support_audit is None:
+        return
+    rows = await runtime.support_audit.for_thread(thread_id)
+    if rows:
+        when = rows[0]["at"][:16].replace("T", " ")
+        await cl.Message(
+            content=SUPPORT_NOTICE.format(count=len(rows), when=when), author="Cairn"
+        ).send()
 
 
 def _after_resume(work: Awaitable[Any]) -> None:
@@ -219,6 +238,35 @@ async def handle_message(message: cl.Message) -> None:
     if outcome.status in ("busy", "not_found", "refused"):
         # Refused: the conversation shows only what the graph actually received.
         await message.remove()
+
+
+@chat_handler
+async def edit_message(message: cl.Message, text: str, later: list[cl.Message]) -> None:
+    """An earlier message edited: the conversation forks from before it (the runner finds the
+    checkpoint, under the run lock, for the thread's owner only); the later messages leave the
+    chat only once the fork is certain. Attachments of the original message are not re-sent."""
+    runtime = get_runtime()
+    user_id = await _session_user_id()
+    try:
+        check_message(text, [], runtime.settings)
+    except InputRejected as exc:
+        await refuse(str(exc))
+        return
+
+    async def on_fork() -> None:
+        for step in later:
+            await step.remove()
+        message.content = text
+        await message.update()
+
+    await runtime.runner.edit(
+        ChatSurface(),
+        user_id=user_id,
+        thread_id=cl.context.session.thread_id,
+        message_id=message.id,
+        text=compose(text, []),
+        on_fork=on_fork,
+    )
 
 
 def _prefetch_recall_query(runtime: Any, text: str) -> None:

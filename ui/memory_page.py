@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from auth.local_accounts import LocalAccounts
     from graphs.core.persistence import Persistence, Pool
     from graphs.core.settings import Settings
+    from graphs.core.timetravel import SupportAudit
     from graphs.memory.jobs import MemoryJobs
     from graphs.memory.privacy import Privacy
     from ui.runner import Runner
@@ -74,6 +75,9 @@ class AppRuntime(Protocol):
 
     @property
     def runner(self) -> Runner: ...
+
+    @property
+    def support_audit(self) -> SupportAudit | None: ...
 
 
 log = logging.getLogger("cairn.security")
@@ -298,6 +302,10 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
     @router.get("/api/memory/export")
     async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
         data = await export_memories(_memory(runtime, user_id))
+        # Every time support opened or forked one of the user's conversations (README).
+        data["support_access"] = (
+            await runtime.support_audit.for_owner(user_id) if runtime.support_audit else []
+        )
         stamp = datetime.now(UTC).strftime("%Y%m%d")
         return JSONResponse(
             data,
@@ -370,7 +378,11 @@ def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
 async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, Any]]:
     async with runtime.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT c.thread_id, c.agent, c.temporary, c.last_active_at, t.name "
+            "SELECT c.thread_id, c.agent, c.temporary, c.last_active_at, t.name, "
+            "(SELECT max(a.at) FROM cairn_support_audit a WHERE a.thread_id = c.thread_id "
+            " AND a.owner_id = c.owner_id) AS support_at, "
+            "(SELECT count(*) FROM cairn_support_audit a WHERE a.thread_id = c.thread_id "
+            " AND a.owner_id = c.owner_id AND a.action = 'fork') AS support_forks "
             'FROM cairn_threads c LEFT JOIN "Thread" t ON t.id = c.thread_id '
             "WHERE c.owner_id = %s ORDER BY c.last_active_at DESC",
             (user_id,),
@@ -383,6 +395,9 @@ async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, An
             "agent": row["agent"],
             "temporary": row["temporary"],
             "last_active_at": row["last_active_at"].isoformat(),
+            # The owner sees that support opened the conversation (and forked it).
+            "support_opened_at": row["support_at"].isoformat() if row["support_at"] else None,
+            "support_forks": int(row["support_forks"]),
         }
         for row in rows
     ]

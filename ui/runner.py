@@ -1,4 +1,4 @@
-"""Where a turn runs: every message, retry, button answer and memory-page answer of every agent.
+"""Where a turn runs: every message, edit, retry, button answer, memory-page answer and support fork of every agent.
 
 One path for all of them: ownership → run lock → config → stream → view → interrupts →
 after-turn hook. Agents differ only through their `AgentSpec` (ui/agents/); what the user
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from langchain_core.messages import AIMessage
@@ -27,6 +27,12 @@ from graphs.core.context import Context
 from graphs.core.errors import is_database_outage
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
+from graphs.core.timetravel import (
+    checkpoint_id,
+    latest_checkpoint_id,
+    message_fork_point,
+    root_checkpoint_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -68,6 +74,9 @@ run of the thread really is running."""
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
 Ask = Callable[[str, int], Awaitable[str | None]]
 """Ask the user a question (text, timeout in seconds); their answer, or None."""
+StartFrom = Callable[[Any], Awaitable["RunnableConfig"]]
+"""Time travel: under the run lock, given the compiled graph, the checkpoint config a run
+starts from (a support fork writes it with update_state first)."""
 
 
 class AnswerRejected(ValueError):
@@ -176,6 +185,16 @@ class Surface(Protocol):
         ...
 
 
+class ForkPoints(Protocol):
+    """Which checkpoint each user message was sent on (graphs/core/timetravel.py)."""
+
+    async def record(self, thread_id: str, message_id: str, checkpoint: str | None) -> None:
+        """Record the checkpoint a message is sent on (None: the thread's head now)."""
+        ...
+
+    async def point(self, thread_id: str, message_id: str) -> tuple[bool, str | None]: ...
+
+
 class RunLocks(Protocol):
     def hold(self, thread_id: str) -> AbstractAsyncContextManager[None]: ...
 
@@ -226,6 +245,7 @@ class Runner:
         journal: RunJournal | None = None,
         stale_s: float = STALE_S,
         tracing: Tracing | None = None,
+        fork_points: ForkPoints | None = None,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -242,6 +262,8 @@ class Runner:
         """A run whose worker has not beaten for this long is resumed by this one."""
         self.tracing = tracing
         """Trace metadata for each run (the user hashed), when tracing is on."""
+        self.fork_points = fork_points
+        """Each user message's checkpoint, so editing it forks from there (None: not kept)."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -399,6 +421,64 @@ class Runner:
         async with surface.running():
             return await self._run(surface, spec, command, context, owned, answering=interrupt_id)
 
+    # -- time travel ------------------------------------------------------------------
+
+    async def edit(
+        self,
+        surface: Surface,
+        *,
+        user_id: str,
+        thread_id: str,
+        message_id: str,
+        text: str,
+        on_fork: Callable[[], Awaitable[None]] | None = None,
+    ) -> RunOutcome:
+        """An earlier message of the user's, edited and sent again: the thread forks from the
+        checkpoint that message was sent on, so the model never sees what followed it (the old
+        branch stays in the thread's history). `on_fork` runs under the lock just before."""
+        checked = await self._owned(surface, user_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        found, point = (
+            await self.fork_points.point(thread_id, message_id)
+            if self.fork_points is not None
+            else (False, None)
+        )
+        if not found:  # sent before fork points were recorded: look for it in the state
+            found, point = await message_fork_point(self.graphs[spec.key], thread_id, message_id)
+        if not found:
+            log.warning("refused: user %s edited unknown message %s", user_id, message_id[:64])
+            await surface.refuse(NOT_FOUND)
+            return RunOutcome("not_found")
+
+        async def start(graph: Any) -> RunnableConfig:
+            checkpoint = point or await root_checkpoint_id(graph, thread_id)
+            if checkpoint is None and await latest_checkpoint_id(graph, thread_id) is not None:
+                raise ThreadNotFound
+            if on_fork is not None:
+                await on_fork()
+            fork = {"checkpoint_id": checkpoint} if checkpoint else {}  # none: a new thread
+            return {"configurable": {"thread_id": thread_id, **fork}}
+
+        context = _context(owned, user_id, thread_id)
+        return await self._run(
+            surface, spec, spec.inputs(text, message_id), context, owned, start=start
+        )
+
+    async def fork(
+        self, surface: Surface, *, owner_id: str, thread_id: str, start: StartFrom
+    ) -> RunOutcome:
+        """A support fork: `start` writes the forked checkpoint under the run lock, then the run
+        resumes from it as the owner's thread, without long-term memory (support never sees
+        the owner's memories, and the fork teaches memory nothing)."""
+        checked = await self._owned(surface, owner_id, thread_id)
+        if isinstance(checked, RunOutcome):
+            return checked
+        spec, owned = checked
+        context = replace(_context(owned, owner_id, thread_id), memory=False)
+        return await self._run(surface, spec, None, context, owned, start=start)
+
     async def reopen(self, surface: Surface, *, user_id: str, thread_id: str) -> RunOutcome:
         """A conversation opened again: its panels come back and a paused run gets its buttons."""
         checked = await self._owned(surface, user_id, thread_id)
@@ -499,6 +579,7 @@ class Runner:
         owned: OwnedThread,
         *,
         answering: str | None = None,
+        start: StartFrom | None = None,
         message_id: str | None = None,
     ) -> RunOutcome:
         """One run on the thread; a second one while it works is refused (across workers).
@@ -512,7 +593,7 @@ class Runner:
             authority = fence.Fence.now(context.user_id)
         with fence.acting_for(authority):
             return await self._run_fenced(
-                surface, spec, inputs, context, owned, answering, message_id
+                surface, spec, inputs, context, owned, answering, start, message_id
             )
 
     async def _run_fenced(
@@ -523,6 +604,7 @@ class Runner:
         context: Context,
         owned: OwnedThread,
         answering: str | None,
+        start: StartFrom | None,
         message_id: str | None,
     ) -> RunOutcome:
         graph = self.graphs.get(spec.key)
@@ -538,13 +620,22 @@ class Runner:
                         await surface.refuse(ANSWERED)
                         return RunOutcome("refused", owned=owned)
                     await surface.clear_prompt(answering)
+                config = await self._start_config(graph, spec, context.thread_id, start)
+                if config is None:
+                    await surface.refuse(NOT_FOUND)
+                    return RunOutcome("not_found", owned=owned)
+                if message_id is not None and self.fork_points is not None:
+                    # None: the thread's head, which this run (holding the lock) starts from.
+                    await self.fork_points.record(
+                        context.thread_id, message_id, checkpoint_id(config)
+                    )
                 if self.journal is not None:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
                 # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
                 outcome = await self._stream(
-                    surface, spec, graph, inputs, context, message_id=message_id
+                    surface, spec, graph, inputs, context, config, message_id=message_id
                 )
                 if self.journal is not None:
                     await self._journal_finished(context.thread_id, outcome)
@@ -586,6 +677,21 @@ class Runner:
             if outcome.status != "unavailable" or not is_database_outage(exc):
                 raise
 
+    async def _start_config(
+        self, graph: Any, spec: AgentSpec, thread_id: str, start: StartFrom | None
+    ) -> RunnableConfig | None:
+        """The run's config: the thread's head, or the checkpoint `start` forks from (None:
+        refused as a missing thread)."""
+        config = _config(thread_id, spec)
+        if start is None:
+            return config
+        try:
+            forked = await start(graph)
+        except ThreadNotFound:
+            return None
+        configurable = {**forked.get("configurable", {}), "thread_id": thread_id}
+        return {**config, "configurable": configurable}
+
     async def _stream(
         self,
         surface: Surface,
@@ -593,13 +699,17 @@ class Runner:
         graph: Any,
         inputs: dict[str, Any] | Command[Any] | None,
         context: Context,
+        run_config: RunnableConfig | None = None,
         *,
         message_id: str | None = None,
     ) -> RunOutcome:
+        # The thread's head, for reading state: a fork's run starts at `run_config` but its
+        # new checkpoints are the head by the time anything reads them.
         config = _config(context.thread_id, spec)
+        stream_config: RunnableConfig = run_config or config
         if self.tracing is not None:
-            config = {
-                **config,
+            stream_config = {
+                **stream_config,
                 **self.tracing.run_config(
                     user_id=context.user_id, agent=spec.key, thread_id=context.thread_id
                 ),
@@ -618,7 +728,7 @@ class Runner:
             await view.begin(load_state)
             stream = graph.astream(
                 inputs,
-                config,
+                stream_config,
                 context=context,
                 stream_mode=modes,
                 subgraphs=True,

@@ -25,6 +25,7 @@ from graphs.core.persistence import (
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
+from graphs.core.timetravel import MessageCheckpoints, SupportAudit
 from graphs.core.tracing import Tracing, configure_tracing
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy
@@ -40,6 +41,7 @@ from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
 from ui.security_headers import SecurityHeaders, chainlit_policy
+from ui.support_page import build_router as build_support_router
 from ui.tokens_page import build_router as build_tokens_router
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ class AppRuntime:
     persistence: Persistence | None = None
     graphs: dict[str, Any] = field(default_factory=dict)
     memory_jobs: MemoryJobs | None = None
+    support_audit: SupportAudit | None = None
+    """Support's accesses to conversations and forks (the support view, the owner's export)."""
     revocations: SessionRevocations | None = None
     run_locks: ThreadRunLocks | None = None
     tracing: Tracing | None = None
@@ -146,6 +150,7 @@ def prepare(app: FastAPI) -> AppRuntime:
         )
         mount_before_catch_all(app, router)
     mount_before_catch_all(app, build_memory_router(get_runtime))
+    mount_before_catch_all(app, build_support_router())
     mount_before_catch_all(app, corpus_router(settings))
     metrics_token = settings.metrics_token
     mount_before_catch_all(
@@ -173,6 +178,7 @@ def prepare(app: FastAPI) -> AppRuntime:
         run_locks=ThreadRunLocks(pool),
         tracing=configure_tracing(settings, auth_secret=auth_secret),
         mcp=mcp,
+        support_audit=SupportAudit(pool),
     )
     return _runtime
 
@@ -216,6 +222,7 @@ async def start() -> None:
         services=runtime,
         journal=journal,
         tracing=runtime.tracing,
+        fork_points=MessageCheckpoints(runtime.pool),
     )
     runtime.background = [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),

@@ -284,6 +284,37 @@ CREATE INDEX IF NOT EXISTS cairn_token_calls_token ON cairn_token_calls (token_i
 CREATE INDEX IF NOT EXISTS cairn_token_calls_user ON cairn_token_calls (user_id);
 """
 
+TIME_TRAVEL_SQL = """
+-- Time travel (graphs/core/timetravel.py). Which checkpoint each user message was sent on, so
+-- editing it forks the thread from there; one row per (thread, Chainlit message id).
+-- checkpoint_id NULL: the thread's first message (the fork starts from the thread's root).
+CREATE TABLE IF NOT EXISTS cairn_message_checkpoints (
+    thread_id text NOT NULL,
+    message_id text NOT NULL,
+    checkpoint_id text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (thread_id, message_id)
+);
+-- Every support access to a conversation's checkpoints and every fork: who, whose, why, and
+-- digests of the state before and after. Shown to support on the page and to the owner in
+-- their export; deleted with the conversation (README, "Time travel").
+CREATE TABLE IF NOT EXISTS cairn_support_audit (
+    id bigserial PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    actor_id text NOT NULL,
+    owner_id text NOT NULL,
+    thread_id text NOT NULL,
+    action text NOT NULL CHECK (action IN ('history', 'state', 'fork')),
+    checkpoint_id text,
+    reason text,
+    before_digest text,
+    after_digest text,
+    new_checkpoint_id text
+);
+CREATE INDEX IF NOT EXISTS cairn_support_audit_thread ON cairn_support_audit (thread_id, at);
+CREATE INDEX IF NOT EXISTS cairn_support_audit_owner ON cairn_support_audit (owner_id, at);
+"""
+
 ANALYTICS_DEMO_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {DEMO_SCHEMA};
 
@@ -442,6 +473,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0006_privacy", PRIVACY_SQL),
     Migration("0007_research_fetch_log", FETCH_LOG_SQL),
     Migration("0008_runs", RUNS_SQL),
+    Migration("0009_time_travel", TIME_TRAVEL_SQL),
     Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
     Migration("0101_embedding_reembed", REEMBED_SQL),
     Migration("0102_access_tokens", ACCESS_TOKENS_SQL),

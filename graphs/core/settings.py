@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     """Seeded accounts for the bundled login, 'name:password' comma separated."""
     local_signup: bool = True
     """Whether the bundled login offers account creation."""
+    support_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Identities (as auth/ makes them: `cairn:<uuid>`, `<provider>:<subject>`) with the support
+    role: they may open any conversation's checkpoint history and fork it, audited."""
 
     # Operator signals.
     metrics_token: SecretStr | None = None
@@ -186,7 +189,12 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "allow_origins", "image_allowed_origins", "local_users", "upload_mime_types", mode="before"
+        "allow_origins",
+        "image_allowed_origins",
+        "local_users",
+        "upload_mime_types",
+        "support_users",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: object) -> object:

@@ -60,6 +60,10 @@ SELECT
   + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = ANY(%(t)s))
   + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = ANY(%(t)s)) AS checkpoints,
   (SELECT count(*) FROM research_fetch_log WHERE thread_id = ANY(%(t)s)) AS fetched_pages,
+  (SELECT count(*) FROM cairn_message_checkpoints WHERE thread_id = ANY(%(t)s))
+    AS message_checkpoints,
+  (SELECT count(*) FROM cairn_support_audit WHERE owner_id = %(u)s OR thread_id = ANY(%(t)s))
+    AS support_audit,
   (SELECT count(*) FROM store s, unnest(%(roots)s::text[]) r
     WHERE s.prefix = r OR left(s.prefix, length(r) + 1) = r || '.') AS store_items,
   (SELECT count(*) FROM store_vectors v, unnest(%(roots)s::text[]) r
@@ -157,6 +161,7 @@ class Privacy:
         await self.checkpointer.adelete_thread(thread_id)
         async with self.pool.connection() as conn:
             await conn.execute("DELETE FROM research_fetch_log WHERE thread_id = %s", (thread_id,))
+            await _delete_time_travel(conn, [thread_id])
             if chainlit:
                 await conn.execute('DELETE FROM "Thread" WHERE id = %s', (thread_id,))
         memory = ScopedMemory(self.store, owner_id)
@@ -280,6 +285,8 @@ class Privacy:
                 "DELETE FROM research_fetch_log WHERE thread_id = ANY(%s)", (threads,)
             )
             await conn.execute("DELETE FROM cairn_runs WHERE user_id = %s", (user_id,))
+            await _delete_time_travel(conn, threads)
+            await conn.execute("DELETE FROM cairn_support_audit WHERE owner_id = %s", (user_id,))
         counts["conversations"] = counts.get("conversations", 0) + len(threads)
         await self._step(report, "checkpoints_deleted")
         memory = ScopedMemory(self.store, user_id)
@@ -358,3 +365,17 @@ class Privacy:
                 "UPDATE cairn_wipes SET step = %s, counts = %s WHERE id = %s",
                 (step, Jsonb(report.counts), report.wipe_id),
             )
+
+
+async def _delete_time_travel(conn: Any, thread_ids: list[str]) -> None:
+    """Every branch goes with the conversation: its checkpoints are all under its thread_id
+    (adelete_thread), and so are the message fork points and the support audit of it.
+
+    Policy (README, "Time travel"): the audit exists for the owner, so it goes with their
+    conversation; the server log keeps a line per support access for the operator's log
+    retention. A wiped support account's rows about other users' conversations stay: those
+    are the other owners' records."""
+    await conn.execute(
+        "DELETE FROM cairn_message_checkpoints WHERE thread_id = ANY(%s)", (thread_ids,)
+    )
+    await conn.execute("DELETE FROM cairn_support_audit WHERE thread_id = ANY(%s)", (thread_ids,))

@@ -467,3 +467,40 @@ async def test_malformed_http_requests_get_a_4xx_and_store_nothing(app_server, c
             assert not any(raw in answer.text for raw in RAW_ERRORS), (path, answer.text)
     assert await _threads(app_server, cookies["bob"]) == threads
     assert not any(e in ("new_message", "first_interaction") for e, _ in bob.events)
+
+
+# --- Edits: only one's own message in one's own conversation forks it ---
+
+
+async def test_an_edit_of_a_message_not_in_the_users_chat_is_refused(app_server, cookies, bob):
+    from langchain_core.messages import HumanMessage
+
+    from tests.e2e.test_chat import checkpoint_messages
+
+    alice = ChatSocket(app_server, cookies["alice"])
+    await alice.start()
+    await alice.send("alice's private message")
+    alice_ids = [d["id"] for e, d in alice.events if e == "new_message" and isinstance(d, dict)]
+    await bob.send("bob's own message")
+    thread = bob.thread_id()
+    reply_ids = [
+        d["id"]
+        for e, d in bob.events
+        if e == "new_message" and isinstance(d, dict) and d.get("type") == "assistant_message"
+    ]
+
+    for foreign in [str(uuid.uuid4()), *alice_ids[-2:], *reply_ids[-1:]]:
+        bob.events.clear()
+        await bob.client.emit("edit_message", {"message": {"id": foreign, "output": "hijack"}})
+        await bob.wait_for(
+            lambda e, d: e == "new_message" and "Conversation not found" in str(d.get("output"))
+        )
+        assert not any("hijack" in str(d) for e, d in bob.events if e != "edit_message")
+
+    def humans(thread_id: str) -> list[str]:
+        messages = checkpoint_messages(app_server.database_url, thread_id)
+        return [m.text for m in messages if isinstance(m, HumanMessage)]
+
+    assert humans(thread) == ["bob's own message"]
+    assert humans(alice.thread_id()) == ["alice's private message"]
+    await alice.close()

@@ -73,7 +73,12 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
     by_id = {migration.id: migration for migration in MIGRATIONS}
     newer = [m.id for m in MIGRATIONS if m.id not in OLD_ORDER]
     assert set(OLD_ORDER) <= set(by_id)
-    assert newer == ["0008_runs", "0101_embedding_reembed", "0102_access_tokens"]
+    assert newer == [
+        "0008_runs",
+        "0009_time_travel",
+        "0101_embedding_reembed",
+        "0102_access_tokens",
+    ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)
     try:

@@ -43,6 +43,7 @@ ACL = "require_thread_author in ui/chainlit_patches.py"
 OUTPUT = "guard_output / SanitisingEmitter in ui/chainlit_patches.py"
 HELPERS = "the helper named in ui/chainlit_patches.py"
 DATA_LAYER = "the copy of it in ui/data_layer.py (PostgresDataLayer)"
+EDITS = "route_message_edits in ui/chainlit_patches.py (and ui/chat.edit_message)"
 
 # Chainlit's emitter as it ships (chainlit.emitter.ChainlitEmitter is ours once installed).
 _Emitter = SanitisingEmitter.__bases__[0]
@@ -50,6 +51,7 @@ _Emitter = SanitisingEmitter.__bases__[0]
 CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
     "socket.connect": (chainlit.socket.connect, "00ce35b669efa6f8", SOCKETS),
     "socket.process_message": (chainlit.socket.process_message, "7002f6fd6cadca2f", SOCKETS),
+    "socket.edit_message": (chainlit.socket.edit_message, "ba23f62f2a509ee9", EDITS),
     "emitter.process_message": (_Emitter.process_message, "ffb867621e1b52c8", SOCKETS),
     "emitter.send_ask_user": (
         _Emitter.send_ask_user,
@@ -328,7 +330,34 @@ async def test_a_browser_message_reaches_chainlit():
     assert sio.calls == [("client_message", ("sid", payload))]
 
 
-@pytest.mark.parametrize("event", ["edit_message", "message_favorite", "audio_chunk"])
+async def test_an_edit_is_refused_when_editing_is_turned_off(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(chainlit.config.config.features, "edit_message", False)
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"]["edit_message"]("sid", {"message": {"id": "x", "output": "y"}})
+    assert sio.calls == []
+
+
+@pytest.mark.parametrize("payload", [{"message": {"id": 5, "output": "y"}}, {"message": "x"}, {}])
+async def test_a_malformed_edit_never_reaches_the_edit_handler(payload):
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"]["edit_message"]("sid", payload)
+    assert sio.calls == []
+
+
+def test_editing_is_on_and_goes_to_cairns_handler():
+    assert chainlit.config.config.features.edit_message is True
+    sio = _FakeSio()
+    chainlit_patches.route_message_edits(sio)
+    chainlit_patches.route_message_edits(sio)
+    chainlit_patches.guard_socket_events(sio)
+    handler = sio.handlers["/"]["edit_message"]
+    assert getattr(inspect.unwrap(handler), "cairn_edits", False)
+    assert inspect.unwrap(handler) is not chainlit.socket.edit_message
+
+
+@pytest.mark.parametrize("event", ["message_favorite", "audio_chunk"])
 async def test_events_of_features_turned_off_are_refused(event):
     sio = _FakeSio()
     chainlit_patches.guard_socket_events(sio)
@@ -440,6 +469,7 @@ def test_install_applies_every_patch(restored: pytest.MonkeyPatch, tmp_path: Pat
     # Installed twice, wrapped once.
     assert not getattr(inspect.unwrap(handlers["stop"]), "cairn_guarded", False)
     assert handlers["stop"].__wrapped__ is inspect.unwrap(handlers["stop"])
+    assert getattr(inspect.unwrap(handlers["edit_message"]), "cairn_edits", False)
     assert folder.parent == tmp_path / "files"
     assert folder == chainlit.server.FILES_DIRECTORY  # type: ignore[attr-defined]
     for name in ("chainlit.step", "chainlit.message"):

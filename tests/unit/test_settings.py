@@ -125,12 +125,14 @@ def test_comma_separated_lists_are_split_and_trimmed(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CAIRN_ALLOW_ORIGINS", " https://a.example.com ,https://b.example.com,, ")
     monkeypatch.setenv("CAIRN_LOCAL_USERS", "alice:wonderland,bob:builder")
     monkeypatch.setenv("CAIRN_UPLOAD_MIME_TYPES", "text/plain, application/json")
+    monkeypatch.setenv("CAIRN_SUPPORT_USERS", " cairn:1234 , github:99,")
 
     settings = make()
 
     assert settings.allow_origins == ["https://a.example.com", "https://b.example.com"]
     assert settings.local_users == ["alice:wonderland", "bob:builder"]
     assert settings.upload_mime_types == ["text/plain", "application/json"]
+    assert settings.support_users == ["cairn:1234", "github:99"]
 
 
 def test_unset_lists_have_safe_defaults() -> None:
@@ -138,6 +140,7 @@ def test_unset_lists_have_safe_defaults() -> None:
 
     assert settings.allow_origins == []
     assert settings.local_users == []
+    assert settings.support_users == []  # nobody has the support role unless configured
     assert "text/plain" in settings.upload_mime_types
 
 
