@@ -115,6 +115,11 @@ class MemoryJobs:
             name="memory-jobs-worker",
         )
 
+    @property
+    def running(self) -> bool:
+        """Whether this process's job worker is up (the readiness check reads it)."""
+        return self._worker is not None and not self._worker.done()
+
     async def stop(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
