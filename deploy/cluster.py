@@ -16,6 +16,7 @@ import contextlib
 import grp
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -43,8 +44,19 @@ def nginx_binary() -> str:
     return found
 
 
+def route_name(index: int) -> str:
+    """The value of nginx's `cairn_route` cookie for worker `index` (1-based)."""
+    return f"w{index}"
+
+
 def render_nginx_conf(
-    *, listen: int, worker_ports: list[int], folder: Path, temp: Path, user: str | None
+    *,
+    listen: int,
+    worker_ports: list[int],
+    folder: Path,
+    temp: Path,
+    user: str | None,
+    secure: bool = False,
 ) -> str:
     """deploy/nginx.conf.template with this cluster's ports and paths."""
     main = "\n".join(
@@ -60,16 +72,21 @@ def render_nginx_conf(
         f"{kind}_temp_path {temp / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    upstreams = "\n".join(
-        f"        server 127.0.0.1:{port} max_fails=1 fail_timeout=10s;" for port in worker_ports
-    )
+    addresses = {route_name(i): f"127.0.0.1:{port}" for i, port in enumerate(worker_ports, 1)}
+    cookie = "Path=/; HttpOnly; SameSite=Lax" + ("; Secure" if secure else "")
     fields = {
         "@MAIN@": main,
         "@ACCESS_LOG@": str(folder / "access.log"),
         "@TEMP_PATHS@": temp_paths,
-        "@UPSTREAMS@": upstreams,
+        "@PINS@": "\n".join(f"        {name} {addr};" for name, addr in addresses.items()),
+        "@ROUTES@": "\n".join(
+            f'        "~(^| ){re.escape(addr)}$" "cairn_route={name}; {cookie}";'
+            for name, addr in addresses.items()
+        ),
+        "@UPSTREAMS@": "\n".join(
+            f"        server {addr} max_fails=1 fail_timeout=10s;" for addr in addresses.values()
+        ),
         "@LISTEN@": f"127.0.0.1:{listen}",
-        "@COOKIE_SECURE@": "",
     }
     text = TEMPLATE.read_text()
     for name, value in fields.items():

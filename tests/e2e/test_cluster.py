@@ -1,0 +1,185 @@
+"""Two workers in one data folder behind Debian's nginx (`make cluster`), started at once on an
+empty database: one stopping breaks nothing for the other; in real Chromium a chat and a paused
+plan carry on after kill -9 of the worker serving them."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from playwright.sync_api import expect
+
+from bench.login import sign_in
+from deploy.cluster import Cluster, Worker, route_name
+from tests.conftest import _with_database
+from tests.e2e.conftest import USERS, _free_port, login, wait_until_connected
+from tests.e2e.test_hostile_client import ChatSocket
+from tests.e2e.test_planner import GOAL, choose_planner, send
+
+pytestmark = pytest.mark.e2e
+
+THREAD_URL = re.compile(r".*/thread/([0-9a-f-]{36})$")
+
+
+@pytest.fixture(scope="module")
+def cluster(pg_server_url: str) -> Iterator[Cluster]:
+    # An empty database (not even pgvector): both workers start on it at the same moment.
+    name = f"cairn_cluster_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    with tempfile.TemporaryDirectory(prefix="cairn-cluster-") as folder:
+        cluster = Cluster(
+            folder=Path(folder),
+            workers=2,
+            port=_free_port(),
+            worker_ports=[_free_port(), _free_port()],
+            database_url=_with_database(pg_server_url, name),
+            extra_env={
+                "CAIRN_LOCAL_USERS": ",".join(f"{u}:{p}" for u, p in USERS.items()),
+                "CAIRN_MEMORY_IDLE_SECONDS": "1",
+                "CI": "true",  # Chainlit's CI mode; the app still picks the offline model
+                "OPENAI_API_KEY": "",
+            },
+        )
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def _both_up(cluster: Cluster) -> None:
+    for worker in cluster.members:
+        if not worker.alive:
+            cluster.restart_worker(worker)
+
+
+class _Direct:
+    """One worker's own address, for ChatSocket (which talks to `server.url`)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.url = worker.url
+
+
+def _files_of(worker: Worker, cluster: Cluster) -> list[Path]:
+    return [p for p in (cluster.folder / "files").glob("instance-*") if p.is_dir()]
+
+
+async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(cluster):
+    _both_up(cluster)
+    first, second = cluster.members
+    assert len(_files_of(first, cluster)) == 2  # one uploads folder each, side by side
+    assert not (cluster.folder / ".files").exists()
+    # Signed in through nginx; the session cookie holds on every worker (one shared secret).
+    cookie = await sign_in(cluster.url, "bob", USERS["bob"])
+    socket = ChatSocket(_Direct(second), cookie)  # type: ignore[arg-type]
+    await socket.start()
+    async with httpx.AsyncClient(base_url=second.url, headers={"Cookie": cookie}) as http:
+        before = await http.post(
+            "/project/file",
+            params={"session_id": socket.session_id},
+            files={"file": ("before.txt", b"uploaded before", "text/plain")},
+        )
+        assert before.status_code == 200, before.text
+        assert "You said: one" in await socket.send("one")
+
+        cluster.stop_worker(first)  # a clean stop: Chainlit's shutdown clean-up runs
+
+        [folder] = _files_of(second, cluster)
+        stored = {p.read_bytes() for p in (folder / socket.session_id).iterdir()}
+        assert stored == {b"uploaded before"}
+        after = await http.post(
+            "/project/file",
+            params={"session_id": socket.session_id},
+            files={"file": ("after.txt", b"uploaded after", "text/plain")},
+        )
+        assert after.status_code == 200, after.text
+        assert "You said: two" in await socket.send("two")
+        stored = {p.read_bytes() for p in (folder / socket.session_id).iterdir()}
+        assert stored == {b"uploaded before", b"uploaded after"}
+        assert (await http.get("/readyz")).json() == {"status": "ready"}
+    await socket.close()
+
+    # The stopped worker comes back: its old folder is gone, the sibling's is untouched.
+    await asyncio.to_thread(cluster.restart_worker, first)
+    folders = _files_of(first, cluster)
+    assert len(folders) == 2
+    assert folder in folders
+
+
+def test_health_endpoints_answer_through_nginx_without_a_session(cluster):
+    _both_up(cluster)
+    with httpx.Client(base_url=cluster.url, timeout=10) as http:
+        health = http.get("/healthz")
+        ready = http.get("/readyz")
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    assert re.fullmatch(r"cairn_route=w[12]; .*", ready.headers["set-cookie"])
+
+
+def _serving(page, cluster: Cluster) -> Worker:
+    """The worker nginx pins this browser to (its `cairn_route` cookie)."""
+    [route] = [c["value"] for c in page.context.cookies() if c["name"] == "cairn_route"]
+    return next(w for i, w in enumerate(cluster.members, 1) if route_name(i) == route)
+
+
+def _reply(page, text: str) -> None:
+    send(page, text)
+    expect(page.get_by_text(f"You said: {text}").last).to_be_visible(timeout=30_000)
+
+
+def _reconnected(page, cluster: Cluster, dead: Worker) -> Worker:
+    """The page's socket.io client reconnects on its own; nginx's cookie then names the worker
+    that answered it."""
+    for _ in range(120):
+        serving = _serving(page, cluster)
+        if serving is not dead:
+            page.wait_for_timeout(1000)  # the socket's handshake completes on that worker
+            return serving
+        page.wait_for_timeout(250)
+    pytest.fail("the page did not reconnect to the live worker")
+
+
+def test_a_chat_and_a_paused_plan_carry_on_after_their_worker_is_killed(cluster, browser):
+    _both_up(cluster)
+    page = login(browser, cluster, "alice")
+    _reply(page, "before the crash")
+    page.wait_for_url(THREAD_URL)
+    doomed = _serving(page, cluster)
+
+    cluster.kill_worker(doomed)
+
+    # The page reconnects through nginx to the other worker and the chat goes on.
+    _reconnected(page, cluster, doomed)
+    _reply(page, "after the crash")
+    page.reload()
+    page.locator("#chat-input").wait_for()
+    expect(page.get_by_text("You said: before the crash").last).to_be_visible()
+    expect(page.get_by_text("You said: after the crash").last).to_be_visible()
+
+    # A plan waits for approval on one worker; that worker dies; it is approved on the other.
+    cluster.restart_worker(doomed)
+    page.goto(cluster.url)  # a new conversation
+    wait_until_connected(page)
+    choose_planner(page)
+    send(page, GOAL)
+    expect(page.get_by_text("Proposed plan").last).to_be_visible()
+    page.wait_for_url(THREAD_URL)
+    holder = _serving(page, cluster)
+
+    cluster.kill_worker(holder)
+
+    page.reload()  # the page as the user finds it: reconnected to the live worker
+    page.locator("#chat-input").wait_for()
+    expect(page.get_by_text("Proposed plan").last).to_be_visible()
+    page.get_by_role("button", name="Approve").click()
+    expect(page.get_by_text("Here is what the plan found").last).to_be_visible(timeout=60_000)
+    assert _serving(page, cluster) is not holder
+    page.context.close()
