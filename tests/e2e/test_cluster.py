@@ -19,7 +19,7 @@ from playwright.sync_api import expect
 from bench.login import sign_in
 from deploy.cluster import Cluster, Worker, route_name
 from tests.conftest import _with_database
-from tests.e2e.conftest import USERS, _free_port, login, wait_until_connected
+from tests.e2e.conftest import USERS, _free_port, login
 from tests.e2e.test_hostile_client import ChatSocket
 from tests.e2e.test_planner import GOAL, choose_planner, send
 
@@ -166,8 +166,8 @@ def test_a_chat_and_a_paused_plan_carry_on_after_their_worker_is_killed(cluster,
 
     # A plan waits for approval on one worker; that worker dies; it is approved on the other.
     cluster.restart_worker(doomed)
-    page.goto(cluster.url)  # a new conversation
-    wait_until_connected(page)
+    page.context.close()
+    page = login(browser, cluster, "alice")
     choose_planner(page)
     send(page, GOAL)
     expect(page.get_by_text("Proposed plan").last).to_be_visible()
