@@ -5,8 +5,13 @@ plan carry on after kill -9 of the worker serving them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +24,10 @@ from playwright.sync_api import expect
 from bench.login import sign_in
 from deploy.cluster import Cluster, Worker, route_name
 from tests.conftest import _with_database
-from tests.e2e.conftest import USERS, _free_port, login
+from tests.e2e.conftest import ROOT, USERS, _free_port, login
 from tests.e2e.test_hostile_client import ChatSocket
 from tests.e2e.test_planner import GOAL, choose_planner, send
+from ui.chainlit_patches import STARTUP_FAILED
 
 pytestmark = pytest.mark.e2e
 
@@ -68,14 +74,14 @@ class _Direct:
         self.url = worker.url
 
 
-def _files_of(worker: Worker, cluster: Cluster) -> list[Path]:
+def _instance_folders(cluster: Cluster) -> list[Path]:
     return [p for p in (cluster.folder / "files").glob("instance-*") if p.is_dir()]
 
 
 async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(cluster):
     _both_up(cluster)
     first, second = cluster.members
-    assert len(_files_of(first, cluster)) == 2  # one uploads folder each, side by side
+    assert len(_instance_folders(cluster)) == 2  # one uploads folder each, side by side
     assert not (cluster.folder / ".files").exists()
     # Signed in through nginx; the session cookie holds on every worker (one shared secret).
     cookie = await sign_in(cluster.url, "bob", USERS["bob"])
@@ -92,7 +98,7 @@ async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(
 
         cluster.stop_worker(first)  # a clean stop: Chainlit's shutdown clean-up runs
 
-        [folder] = _files_of(second, cluster)
+        [folder] = _instance_folders(cluster)
         stored = {p.read_bytes() for p in (folder / socket.session_id).iterdir()}
         assert stored == {b"uploaded before"}
         after = await http.post(
@@ -109,7 +115,7 @@ async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(
 
     # The stopped worker comes back: its old folder is gone, the sibling's is untouched.
     await asyncio.to_thread(cluster.restart_worker, first)
-    folders = _files_of(first, cluster)
+    folders = _instance_folders(cluster)
     assert len(folders) == 2
     assert folder in folders
 
@@ -183,3 +189,43 @@ def test_a_chat_and_a_paused_plan_carry_on_after_their_worker_is_killed(cluster,
     expect(page.get_by_text("Here is what the plan found").last).to_be_visible(timeout=60_000)
     assert _serving(page, cluster) is not holder
     page.context.close()
+
+
+def test_a_worker_that_cannot_reach_its_database_exits_instead_of_serving(tmp_path):
+    """Chainlit logs a failed start-up and serves anyway; Cairn's worker exits (status 3), so
+    its port refuses and nginx and the supervisor see it, instead of 500s on every sign-in."""
+    port = _free_port()
+    log_path = tmp_path / "worker.log"
+    env = {
+        **os.environ,
+        # No server behind this socket folder.
+        "CAIRN_DATABASE_URL": f"postgresql://postgres:@/postgres?host={tmp_path}",
+        "CAIRN_DATA_DIR": str(tmp_path / "data"),
+        "CI": "true",
+    }
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    answered = []
+    deadline = time.monotonic() + 180
+    try:
+        while worker.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                answered.append(
+                    httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code
+                )
+            time.sleep(0.5)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+    assert worker.returncode == STARTUP_FAILED, log_path.read_text()[-3000:]
+    assert answered == []
+    assert "Cairn could not start" in log_path.read_text()
