@@ -141,13 +141,23 @@ def _reply(page, text: str) -> None:
     expect(page.get_by_text(f"You said: {text}").last).to_be_visible(timeout=30_000)
 
 
-def _reconnected(page, cluster: Cluster, dead: Worker) -> Worker:
-    """The page's socket.io client reconnects on its own; nginx's cookie then names the worker
-    that answered it."""
-    for _ in range(120):
+def _watch_sockets(page) -> list[object]:
+    """The websockets the page opens from now on (Chainlit's socket.io transport)."""
+    opened: list[object] = []
+    page.on("websocket", lambda ws: opened.append(ws))
+    return opened
+
+
+def _reconnected(page, cluster: Cluster, dead: Worker, opened: list[object]) -> Worker:
+    """The page's socket.io client reconnects on its own (after its back-off) through nginx,
+    whose cookie then names the worker that answered."""
+    started = time.monotonic()
+    for _ in range(240):
         serving = _serving(page, cluster)
-        if serving is not dead:
-            page.wait_for_timeout(1000)  # the socket's handshake completes on that worker
+        live = [ws for ws in opened if not ws.is_closed()]  # type: ignore[attr-defined]
+        if serving is not dead and live:
+            print(f"reconnected to worker {serving.index} {time.monotonic() - started:.1f} s after")
+            page.wait_for_timeout(1500)  # connection_successful, then the chat is resumed
             return serving
         page.wait_for_timeout(250)
     pytest.fail("the page did not reconnect to the live worker")
@@ -159,12 +169,15 @@ def test_a_chat_and_a_paused_plan_carry_on_after_their_worker_is_killed(cluster,
     _reply(page, "before the crash")
     page.wait_for_url(THREAD_URL)
     doomed = _serving(page, cluster)
+    opened = _watch_sockets(page)
 
     cluster.kill_worker(doomed)
+    killed = time.monotonic()
 
     # The page reconnects through nginx to the other worker and the chat goes on.
-    _reconnected(page, cluster, doomed)
+    _reconnected(page, cluster, doomed, opened)
     _reply(page, "after the crash")
+    print(f"first reply after the kill: {time.monotonic() - killed:.1f} s")
     page.reload()
     page.locator("#chat-input").wait_for()
     expect(page.get_by_text("You said: before the crash").last).to_be_visible()
@@ -183,8 +196,12 @@ def test_a_chat_and_a_paused_plan_carry_on_after_their_worker_is_killed(cluster,
     cluster.kill_worker(holder)
 
     page.reload()  # the page as the user finds it: reconnected to the live worker
-    page.locator("#chat-input").wait_for()
-    expect(page.get_by_text("Proposed plan").last).to_be_visible()
+    try:
+        expect(page.get_by_text("Proposed plan").last).to_be_visible(timeout=30_000)
+    except AssertionError:
+        print((cluster.folder / "nginx" / "error.log").read_text()[-3000:])
+        print((cluster.folder / "nginx" / "access.log").read_text()[-4000:])
+        raise
     page.get_by_role("button", name="Approve").click()
     expect(page.get_by_text("Here is what the plan found").last).to_be_visible(timeout=60_000)
     assert _serving(page, cluster) is not holder
