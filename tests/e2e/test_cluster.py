@@ -82,7 +82,6 @@ async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(
     _both_up(cluster)
     first, second = cluster.members
     assert len(_instance_folders(cluster)) == 2  # one uploads folder each, side by side
-    assert not (cluster.folder / ".files").exists()
     # Signed in through nginx; the session cookie holds on every worker (one shared secret).
     cookie = await sign_in(cluster.url, "bob", USERS["bob"])
     socket = ChatSocket(_Direct(second), cookie)  # type: ignore[arg-type]
