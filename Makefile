@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: run test unit integration e2e lint bench bench-recovery eval reembed browser clean
+.PHONY: run cluster test unit integration e2e lint bench bench-recovery eval reembed browser nginx clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,19 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/chainlit run app.py --headless --host 127.0.0.1 --port $(PORT)
+
+# N workers on one Postgres behind nginx on this machine (deploy/cluster.py); open
+# http://localhost:$(CLUSTER_PORT). CAIRN_DATABASE_URL / CAIRN_AUTH_SECRET are used if set.
+N ?= 2
+CLUSTER_PORT ?= 8080
+cluster: $(STAMP) nginx
+	$(BIN)/python -m deploy.cluster --workers $(N) --port $(CLUSTER_PORT)
+
+# Debian's nginx (the cluster and its end-to-end test run behind it).
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nginx >/dev/null; }
 
 # Debian's Chromium (browsers cannot be downloaded by Playwright here).
 browser:
@@ -30,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/mypy app.py auth graphs ui
 	$(BIN)/lint-imports
 
-test: $(STAMP) browser lint
+test: $(STAMP) browser nginx lint
 	$(BIN)/python -m pytest tests
 
 unit: $(STAMP)
@@ -39,7 +52,7 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
 
-e2e: $(STAMP) browser
+e2e: $(STAMP) browser nginx
 	$(BIN)/python -m pytest tests/e2e
 
 # Prints figures (time to first token, recall latency, checkpoint growth, job throughput).

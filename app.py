@@ -6,13 +6,13 @@ from chainlit.server import app
 from auth.oauth import oauth_callback
 from ui import chat, runtime
 from ui.actions import ANSWER_ACTION, RETRY_ACTION
-from ui.chainlit_patches import on_message_edit
+from ui.chainlit_patches import exit_if_startup_fails, on_message_edit
 from ui.data_layer import PostgresDataLayer
 
 # Also installs every Chainlit patch (ui/chainlit_patches.py) before Chainlit serves.
 _runtime = runtime.prepare(app)
 
-cl.on_app_startup(runtime.start)
+cl.on_app_startup(exit_if_startup_fails(runtime.start))
 cl.on_app_shutdown(runtime.stop)
 cl.data_layer(lambda: PostgresDataLayer(_runtime.pool, on_delete=runtime.delete_thread_data))
 cl.oauth_callback(oauth_callback)

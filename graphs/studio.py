@@ -44,8 +44,7 @@ async def prepare_analytics() -> None:
     pool = make_pool(await database_url(get_settings()), min_size=1, max_size=1)
     await pool.open(wait=True, timeout=30)
     try:
-        async with pool.connection() as conn:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        await migrate(pool)  # the app's one ordered list (the demo dataset is in it)
+        # The app's one ordered list (pgvector and the demo dataset are in it).
+        await migrate(pool)
     finally:
         await pool.close()

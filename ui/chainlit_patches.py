@@ -18,21 +18,24 @@ The patches, in the order `install` applies them:
 - thread ACL: one answer for unknown and foreign threads (`require_thread_author`).
 - output: the sanitising emitter and task list (`SanitisingEmitter`, `guard_output`).
 
-And helpers for code that must reach Chainlit's internals: `mount_before_catch_all` (routes
-before Chainlit's catch-all), `task_signals` (the busy/idle signals action callbacks lack),
-`disconnect_user_sockets` (Chainlit's socket registry) and `write_assistant_message`
-(Chainlit's Step table). ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
+And helpers for code that must reach Chainlit's internals: `exit_if_startup_fails` (Chainlit
+swallows a failed start-up), `mount_before_catch_all` (routes before Chainlit's catch-all),
+`task_signals` (the busy/idle signals action callbacks lack), `disconnect_user_sockets`
+(Chainlit's socket registry) and `write_assistant_message` (Chainlit's Step table). ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
 documented extension point); the Chainlit SQL it copies is pinned by the same test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
 import importlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -130,13 +133,70 @@ def relocate_files(parent: Path) -> Path:
     every process started there) and its lifespan `rmtree`s that whole folder at shutdown
     (chainlit/server.py `lifespan`): one instance stopping deleted its siblings' uploads.
     `BaseSession.files_dir` reads the name from chainlit.config at each call, the lifespan
-    from chainlit.server's import, so both are set.
+    from chainlit.server's import, so both are set. The empty `<cwd>/.files` Chainlit made
+    on import goes (no process uses it any more), and so do the folders of processes that
+    ended without Chainlit's clean-up (`sweep_stale_instances`).
     """
     parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="instance-", dir=parent))
+    folder = claim_instance_folder(parent)
+    sweep_stale_instances(parent)
+    chainlit_default = Path(chainlit.config.FILES_DIRECTORY)
+    if chainlit_default.name == ".files":
+        with contextlib.suppress(OSError):  # not empty (an older Cairn's uploads) or gone: kept
+            chainlit_default.rmdir()
     chainlit.config.FILES_DIRECTORY = folder
     chainlit.server.FILES_DIRECTORY = folder  # type: ignore[attr-defined]
     return folder
+
+
+_INSTANCE_LOCKS: list[int] = []
+"""The open lock files of this process's folders: held until the process ends, however it ends."""
+
+
+def claim_instance_folder(parent: Path) -> Path:
+    """A new `instance-*` folder with its `instance-*.lock` beside it, locked by this process.
+
+    The lock (flock) is the liveness check: the kernel drops it when the process ends, even
+    by kill -9, and unlike a pid it cannot be mistaken for a later process. The lock file is
+    locked under a temporary name and then renamed, so no sweep ever sees it unlocked.
+    """
+    fd, temp = tempfile.mkstemp(prefix=".claiming-", dir=parent)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    folder = Path(tempfile.mkdtemp(prefix="instance-", dir=parent))
+    os.rename(temp, folder.with_name(folder.name + ".lock"))
+    _INSTANCE_LOCKS.append(fd)
+    return folder
+
+
+def sweep_stale_instances(parent: Path) -> list[Path]:
+    """Remove the folders (and lock files) of processes that are gone; returns those removed.
+
+    A folder counts as stale only when its lock file can be locked, i.e. no live process
+    holds it. A folder without a lock file (made by a Cairn before these locks) is left.
+    """
+    removed = []
+    for lock_path in sorted(parent.glob("instance-*.lock")) + sorted(parent.glob(".claiming-*")):
+        try:
+            if lock_path.suffix != ".lock" and time.time() - lock_path.stat().st_mtime < 60:
+                continue  # being claimed right now: locked a moment after it is made
+            fd = os.open(lock_path, os.O_RDWR)
+        except FileNotFoundError:  # another sweep got there first
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its process is alive
+            os.close(fd)
+            continue
+        try:
+            if lock_path.suffix == ".lock":
+                folder = lock_path.with_suffix("")
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+            with contextlib.suppress(FileNotFoundError):
+                lock_path.unlink()
+        finally:
+            os.close(fd)
+    return removed
 
 
 # --- The shapes Chainlit's handlers index into (chainlit/socket.py, chainlit/emitter.py) ---
@@ -567,6 +627,37 @@ def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:
     added = app.router.routes[before:]
     del app.router.routes[before:]
     app.router.routes[0:0] = added
+
+
+STARTUP_FAILED = 3
+"""The exit status of a worker whose start-up failed (a supervisor restarts it)."""
+
+
+def exit_if_startup_fails(
+    start: Callable[[], Awaitable[None]], *, exit_process: Callable[[int], object] = os._exit
+) -> Callable[[], Awaitable[None]]:
+    """The start-up hook, ending the process when it fails instead of serving half-started.
+
+    Chainlit runs `on_app_startup` through utils.py `wrap_user_function`, which logs an
+    exception and returns: uvicorn then serves a worker with no database (a worker that lost
+    a start-up race answered every sign-in with a 500). Exiting closes the port, so the load
+    balancer's passive check skips the worker and a supervisor can start it again. os._exit,
+    as Chainlit's own lifespan ends: its AnyIO threads would keep a normal exit waiting.
+    """
+
+    @functools.wraps(start)
+    async def startup() -> None:
+        try:
+            await start()
+        except Exception:
+            logging.getLogger("cairn").critical(
+                "Cairn could not start and exits (status %d)", STARTUP_FAILED, exc_info=True
+            )
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            exit_process(STARTUP_FAILED)
+
+    return startup
 
 
 # --- clock: Chainlit's sleep in every Step and Message, only when needed ---

@@ -33,6 +33,7 @@ from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.agents.research import corpus_router
 from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
+from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint
 from ui.memory_page import build_router as build_memory_router
@@ -149,6 +150,7 @@ def prepare(app: FastAPI) -> AppRuntime:
             allow_signup=settings.local_signup,
         )
         mount_before_catch_all(app, router)
+    mount_before_catch_all(app, build_health_router(lambda: _runtime))
     mount_before_catch_all(app, build_memory_router(get_runtime))
     mount_before_catch_all(app, build_support_router())
     mount_before_catch_all(app, corpus_router(settings))

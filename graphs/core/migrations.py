@@ -483,11 +483,17 @@ MIGRATIONS: tuple[Migration, ...] = (
 async def migrate(pool: Pool, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
     """Apply the pending migrations in order under an advisory lock; returns the ids applied now.
 
+    Everything that changes the schema runs under that one lock, pgvector's extension
+    included, so any number of workers may start at once on an empty database.
+
     A database made before the list was one (its migrations were applied in another order)
     has the same ids recorded, so nothing runs twice."""
     applied_now: list[str] = []
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_ID,))
+        # Under the lock too: two first starts both running IF NOT EXISTS raced, and the
+        # loser failed on the catalog's unique index (pg_extension_name_index).
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS cairn_migrations ("
             " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"

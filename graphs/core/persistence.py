@@ -54,7 +54,7 @@ def start_embedded_postgres(data_dir: Path, *, throwaway: bool = False) -> str:
     pg_dir = data_dir / "postgres"
     pg_dir.mkdir(parents=True, exist_ok=True)
     server = pgs.get_server(pg_dir, cleanup_mode="delete" if throwaway else None)
-    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    # pgvector's extension is created by the migrations, under their lock (graphs.core.migrations).
     return str(server.get_uri())
 
 
@@ -192,8 +192,6 @@ async def open_persistence(
         )
     await pool.open(wait=True, timeout=30)
     try:
-        async with pool.connection() as conn:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         applied = await migrate(pool)
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -53,6 +55,10 @@ class Settings(BaseSettings):
     pool_timeout_s: float = Field(default=10.0, gt=0, le=120)
     """How long a request waits for a database connection (Postgres away) before the user
     gets an error with Retry."""
+
+    workers: int = Field(default=1, ge=1, le=256)
+    """How many app workers serve this deployment (behind one load balancer, on one Postgres).
+    More than one requires CAIRN_AUTH_SECRET: every worker must verify every session cookie."""
 
     # Models: any OpenAI-compatible Chat Completions server. No key -> offline model.
     openai_api_key: SecretStr | None = Field(
@@ -203,6 +209,20 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _require_shared_secret(self) -> Settings:
+        # A secret generated per data folder differs between workers: a session signed by
+        # one would be refused by the next, and a failover would sign everyone out.
+        if self.workers > 1 and (
+            self.auth_secret is None or len(self.auth_secret.get_secret_value()) < 32
+        ):
+            msg = (
+                f"CAIRN_WORKERS={self.workers} requires CAIRN_AUTH_SECRET: the same secret "
+                "(32+ random characters) for every worker, so each accepts the others' sessions"
+            )
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if not self.production:
             return self
@@ -243,16 +263,41 @@ class Settings(BaseSettings):
         """The session-signing secret: configured, or generated once and kept in data_dir."""
         if self.auth_secret is not None:
             return self.auth_secret.get_secret_value()
-        path = self.data_dir / "auth_secret"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            # Created private and exclusively: two workers starting at once share one secret.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_text().strip()
+        return _read_or_create_secret(self.data_dir / "auth_secret")
+
+
+def _read_or_create_secret(path: Path) -> str:
+    """The secret in `path`, created once: whole or not at all, the same for every reader.
+
+    Written to a private temporary file first and then hard-linked into place: link() fails
+    if the name exists, so of several processes starting at once one secret wins, and no one
+    can read the file before it is complete (created-then-written let a racing start read it
+    empty).
+    """
+    try:
+        return _complete_secret(path)
+    except FileNotFoundError:
+        pass
+    fd, temp = tempfile.mkstemp(prefix=".auth_secret-", dir=path.parent)  # mode 0600
+    try:
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(48))
-        return path.read_text().strip()
+            handle.flush()
+            os.fsync(handle.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(temp, path)
+    finally:
+        os.unlink(temp)
+    return _complete_secret(path)
+
+
+def _complete_secret(path: Path) -> str:
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        msg = f"{path} holds no usable secret: delete it (signs everyone out) or set CAIRN_AUTH_SECRET"
+        raise RuntimeError(msg)
+    return secret
 
 
 @lru_cache(maxsize=1)

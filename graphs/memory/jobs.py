@@ -119,6 +119,8 @@ class MemoryJobs:
         self._worker: asyncio.Task[None] | None = None
         self._lock_pool: AsyncConnectionPool[Any] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._worker_up = False
+        """procrastinate's worker is running (not between a failure and its restart)."""
 
     def add_periodic(self, name: str, *, cron: str, run: Callable[[], Awaitable[object]]) -> None:
         """A housekeeping task on the same queue, deferred once per cron tick across all
@@ -148,6 +150,7 @@ class MemoryJobs:
         while True:
             started = time.monotonic()
             self.worker_starts += 1
+            self._worker_up = True
             try:
                 await self.app.run_worker_async(
                     queues=[QUEUE],
@@ -167,6 +170,7 @@ class MemoryJobs:
                     exc,
                     delay,
                 )
+            self._worker_up = False
             if time.monotonic() - started > HEALTHY_RUN_S:
                 delay = first
             await asyncio.sleep(delay)
@@ -229,6 +233,11 @@ class MemoryJobs:
             log.warning("memory job %s was left running by a stopped worker: retried", job.id)
             retried.append(job.id)
         return retried
+
+    @property
+    def running(self) -> bool:
+        """Whether this process's job worker is up (the readiness check reads it)."""
+        return self._worker_up and self._worker is not None and not self._worker.done()
 
     async def stop(self) -> None:
         for task in (self._sweeper, self._worker):

@@ -114,7 +114,8 @@ async def bob(app_server: AppServer, cookies: dict[str, str]) -> AsyncIterator[C
 
 
 def _files_folder(server: AppServer) -> Path:
-    [folder] = list((server.data_dir / "files").glob("instance-*"))
+    # Beside it, the lock file that marks it in use (ui/chainlit_patches.py claim_instance_folder).
+    [folder] = [p for p in (server.data_dir / "files").glob("instance-*") if p.is_dir()]
     return folder
 
 

@@ -16,6 +16,7 @@ import chainlit.data.acl
 import chainlit.data.utils
 import chainlit.server
 import chainlit.socket
+import chainlit.utils
 import pytest
 from chainlit.context import ChainlitContext
 from chainlit.data.chainlit_data_layer import ChainlitDataLayer
@@ -61,6 +62,11 @@ CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
     "session.files_dir": (BaseSession.files_dir.fget, "97c55ce5b37ab2b8", UPLOADS),
     "session.WebsocketSession.delete": (WebsocketSession.delete, "b6a06e7409d9fdba", UPLOADS),
     "server.lifespan": (chainlit.server.lifespan, "7622975e70facb8a", UPLOADS),
+    "utils.wrap_user_function": (
+        chainlit.utils.wrap_user_function,
+        "7c2ff0eb452953a3",
+        "exit_if_startup_fails in ui/chainlit_patches.py",
+    ),
     "server.call_action": (chainlit.server.call_action, "1db36f6a1d296df1", ROUTES),
     "server.upload_file": (chainlit.server.upload_file, "0e1d81cae2398ee8", ROUTES),
     "server.get_file": (chainlit.server.get_file, "087b45142fefe873", ROUTES),
@@ -260,6 +266,90 @@ def test_files_go_to_a_private_folder_per_process(tmp_path, monkeypatch):
         user_env=None,
     )
     assert session.files_dir.parent == second
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from ui.chainlit_patches import claim_instance_folder
+print(claim_instance_folder(Path(sys.argv[1])), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stale_folder_goes_and_a_live_siblings_stays(tmp_path: Path) -> None:
+    """Folders are swept by lock, not by pid: a live process's survives, a killed one's goes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    parent = tmp_path / "files"
+    parent.mkdir()
+    holders = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(parent)],
+            cwd=tmp_path,  # importing chainlit writes .chainlit/ and .files/ here
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        live, doomed = (Path(h.stdout.readline().strip()) for h in holders)  # type: ignore[union-attr]
+        (live / "upload.txt").write_text("in use")
+        (doomed / "left.txt").write_text("orphaned")
+        legacy = parent / "instance-before-locks"
+        legacy.mkdir()
+
+        assert chainlit_patches.sweep_stale_instances(parent) == []
+        holders[1].send_signal(signal.SIGKILL)
+        holders[1].wait(10)
+
+        assert chainlit_patches.sweep_stale_instances(parent) == [doomed]
+        assert not doomed.exists()
+        assert not doomed.with_name(doomed.name + ".lock").exists()
+        assert (live / "upload.txt").read_text() == "in use"
+        assert legacy.is_dir()
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(10)
+
+
+def test_relocating_removes_chainlits_empty_folder_and_swept_ones(tmp_path, monkeypatch):
+    chainlit_default = tmp_path / ".files"
+    chainlit_default.mkdir()
+    monkeypatch.setattr(chainlit.config, "FILES_DIRECTORY", chainlit_default)
+    monkeypatch.setattr(chainlit.server, "FILES_DIRECTORY", chainlit_default)
+    parent = tmp_path / "files"
+    parent.mkdir()
+    (parent / "instance-gone").mkdir()
+    (parent / "instance-gone.lock").touch()  # no process holds it
+
+    folder = chainlit_patches.relocate_files(parent)
+
+    assert not chainlit_default.exists()
+    assert sorted(p.name for p in parent.iterdir()) == sorted([folder.name, folder.name + ".lock"])
+
+
+async def test_a_failed_start_up_ends_the_process_instead_of_serving() -> None:
+    exits: list[int] = []
+
+    async def fails() -> None:
+        raise ConnectionError("database unreachable")
+
+    async def starts() -> None:
+        return None
+
+    await chainlit_patches.exit_if_startup_fails(starts, exit_process=exits.append)()
+    assert exits == []
+    await chainlit_patches.exit_if_startup_fails(fails, exit_process=exits.append)()
+    assert exits == [chainlit_patches.STARTUP_FAILED]
+    # Chainlit's wrapper reads the hook's parameters: the wrapped one still takes none.
+    assert list(inspect.signature(chainlit_patches.exit_if_startup_fails(fails)).parameters) == []
 
 
 class _FakeSio:

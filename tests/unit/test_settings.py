@@ -234,3 +234,73 @@ def test_chainlits_ci_placeholder_key_means_offline(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", CHAINLIT_CI_PLACEHOLDER_KEY)
 
     assert make().offline
+
+
+_RACE = """
+import sys, time
+from pathlib import Path
+from graphs.core.settings import Settings
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+print(Settings(_env_file=None, data_dir=Path(sys.argv[1])).ensure_auth_secret())
+"""
+
+
+def test_workers_starting_at_once_share_one_complete_secret(tmp_path: Path) -> None:
+    """Several first starts in one data folder: each reads the same whole secret, never ''."""
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
+    env.pop("CHAINLIT_AUTH_SECRET", None)
+    for attempt in range(3):
+        data_dir = tmp_path / f"data-{attempt}"
+        start = time.time() + 1.5  # every interpreter is up and spinning by then
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _RACE, str(data_dir), str(start)],
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+
+        assert [proc.returncode for proc in procs] == [0] * 6, [err for _, err in outputs]
+        secrets_read = {out.strip() for out, _ in outputs}
+        assert len(secrets_read) == 1
+        assert len(secrets_read.pop()) >= 32
+        # Nothing half-made is left beside it.
+        assert [p.name for p in data_dir.iterdir()] == ["auth_secret"]
+
+
+def test_an_empty_secret_file_is_refused_not_used(tmp_path: Path) -> None:
+    (tmp_path / "auth_secret").write_text("")
+
+    with pytest.raises(RuntimeError, match="no usable secret"):
+        make(data_dir=tmp_path).ensure_auth_secret()
+
+
+def test_several_workers_require_a_configured_secret(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="CAIRN_WORKERS=2 requires CAIRN_AUTH_SECRET"):
+        make(workers=2, data_dir=tmp_path)
+    with pytest.raises(ValidationError, match="CAIRN_AUTH_SECRET"):
+        make(workers=3, auth_secret="short")
+
+    assert make(workers=2, auth_secret="w" * 32).workers == 2
+    assert make(workers=1).auth_secret is None
+
+
+def test_workers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAIRN_WORKERS", "2")
+    with pytest.raises(ValidationError, match="requires CAIRN_AUTH_SECRET"):
+        make()
+
+    monkeypatch.setenv("CAIRN_AUTH_SECRET", "e" * 40)
+    assert make().workers == 2
