@@ -322,6 +322,10 @@ def _edit_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     _enabled("edit_message")
     payload = _one(args)
     _model(EditMessage, payload)
+    _step_id(payload["message"]["id"])
+    if payload["message"].get("type", "user_message") != "user_message":
+        msg = "only a user's own message can be edited"
+        raise Malformed(msg)
     return (payload,)
 
 

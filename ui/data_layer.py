@@ -189,7 +189,10 @@ class PostgresDataLayer(ChainlitDataLayer):
             cur = conn.cursor(row_factory=dict_row)
             cur.adapters.register_loader("jsonb", TextLoader)
             cur.adapters.register_loader("json", TextLoader)
-            await cur.execute(query, args)  # type: ignore[arg-type]
+            # A fenced connection is in pipeline mode: leaving this (nested) pipeline syncs, so
+            # the result (an INSERT's RETURNING, say) is there to read.
+            async with conn.pipeline():
+                await cur.execute(query, args)  # type: ignore[arg-type]
             if cur.description is None:
                 return []
             return await cur.fetchall()
