@@ -339,12 +339,16 @@ async def append_message(pool: Pool, thread_id: str, text: str, *, author: str =
     if not text:
         return
     async with fenced(pool) as conn:
+        # Not twice: a run found finished after its worker stopped may have delivered it.
         await conn.execute(
             'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
             '"endTime", "createdAt", "showInput", "isError") '
             "SELECT %s, id, %s, 'assistant_message', %s, '{}', t, t, t, 'json', false "
-            "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %s",
-            (str(uuid.uuid4()), author, text, thread_id),
+            "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %s "
+            'AND %s IS DISTINCT FROM (SELECT s.output FROM "Step" s '
+            "WHERE s.\"threadId\" = %s AND s.type = 'assistant_message' "
+            'ORDER BY s."createdAt" DESC LIMIT 1)',
+            (str(uuid.uuid4()), author, text, thread_id, text, thread_id),
         )
 
 

@@ -537,7 +537,11 @@ class Runner:
         state = await graph.aget_state(_config(thread_id, spec))
         if not state.next or state.interrupts:
             await self.journal.forget(thread_id)  # it had finished, or waits for the user
-            return RunOutcome("paused" if state.interrupts else "done", owned=owned)
+            if state.interrupts:
+                return RunOutcome("paused", owned=owned)
+            # Finished, but its worker may have died before the reply reached the user: the
+            # reply goes with the outcome (the stored conversation skips it if it has it).
+            return RunOutcome("done", reply=spec.reply_text(state.values), owned=owned)
         log.info("resuming thread %s (%s) left by a stopped worker", thread_id, spec.key)
         outcome = await self._run(surface, spec, None, _context(owned, user_id, thread_id), owned)
         metrics.observe_resumed(spec.key, outcome.status)

@@ -9,7 +9,7 @@ import inspect
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,7 +99,12 @@ async def select_one(db: Persistence) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def memory_jobs(db: Persistence, runner_graph: Any = None) -> AsyncIterator[MemoryJobs]:
+async def memory_jobs(
+    db: Persistence,
+    runner_graph: Any = None,
+    *,
+    before_start: Callable[[MemoryJobs], None] | None = None,
+) -> AsyncIterator[MemoryJobs]:
     async def load_messages(thread_id: str) -> list[Any]:
         if runner_graph is None:
             return []
@@ -119,6 +124,8 @@ async def memory_jobs(db: Persistence, runner_graph: Any = None) -> AsyncIterato
         restart_backoff_s=(0.2, 1.0),
     )
     await jobs.open()
+    if before_start is not None:
+        before_start(jobs)
     jobs.start_worker()
     try:
         yield jobs
@@ -163,11 +170,50 @@ async def test_a_memory_job_deferred_after_a_restart_runs_without_an_app_restart
             lambda: ScopedMemory(db.store, user).all_memories(), what="the memory job"
         )
         print(f"memory job ran {time.monotonic() - back_at:.2f} s after it was deferred")
-        # The worker stops with the restart ("Side task listener failed") and comes back; the
-        # job may run (polled) before procrastinate notices its listener is gone.
-        await eventually(lambda: jobs.worker_starts >= 2, what="the worker's restart")
+        # procrastinate's listener reconnects by itself when Postgres is back before it
+        # notices; when it fails instead, the worker stops and the supervisor starts it again
+        # (the next test). Either way the worker is up and the job ran.
         assert jobs.running
     assert [m.content for m in memories] == ["User lives in Lisbon"]
+
+
+async def test_a_job_worker_that_stops_is_started_again_and_runs_jobs(db, back_up) -> None:
+    """procrastinate's worker returns when a side task (its LISTEN) fails: "Side task listener
+    failed ... stopping worker". Here the first run stops that way at once."""
+    from auth.ownership import claim_thread
+
+    graph = assistant_agent.SPEC.build(
+        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
+    )
+    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
+    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
+    await graph.ainvoke(
+        {"messages": [("user", "I live in Porto")]},
+        {"configurable": {"thread_id": thread}},
+        context=Context(user_id=user, thread_id=thread),
+    )
+    stopped: list[float] = []
+
+    def stop_the_first_run(jobs: MemoryJobs) -> None:
+        real = jobs.app.run_worker_async
+
+        async def stops_once(**kwargs: Any) -> None:
+            if not stopped:
+                stopped.append(time.monotonic())
+                raise RuntimeError("Side task listener failed, stopping worker")
+            await real(**kwargs)
+
+        jobs.app.run_worker_async = stops_once  # type: ignore[method-assign]
+
+    async with memory_jobs(db, graph, before_start=stop_the_first_run) as jobs:
+        await eventually(lambda: jobs.worker_starts >= 2, what="the worker's restart")
+        await eventually(lambda: jobs.running, what="the restarted worker")
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        memories = await eventually(
+            lambda: ScopedMemory(db.store, user).all_memories(), what="the memory job"
+        )
+    assert stopped
+    assert [m.content for m in memories] == ["User lives in Porto"]
 
 
 async def test_writes_to_the_conversation_during_an_outage_are_kept_until_it_ends(
