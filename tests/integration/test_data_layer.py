@@ -17,7 +17,7 @@ from fastapi import HTTPException
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
 from ui.chainlit_patches import require_thread_author, write_assistant_message
-from ui.data_layer import PostgresDataLayer, add_outside_turn
+from ui.data_layer import PostgresDataLayer, add_outside_turn, append_message
 
 pytestmark = pytest.mark.integration
 
@@ -379,3 +379,20 @@ async def test_a_turn_from_outside_the_chat_shows_in_the_owners_conversation_onl
     assert thread["name"] == "Which region churned most?"
     assert thread["metadata"] == {"chat_profile": "Planner"}
     assert [s["output"] for s in thread["steps"]] == ["Which region churned most?"]
+
+
+async def test_a_reply_written_from_outside_a_session_is_stored_once(
+    layer: PostgresDataLayer, persistence: Persistence
+) -> None:
+    """A run found finished after its worker stopped may already have delivered its reply."""
+    owner = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, owner)
+
+    await append_message(persistence.pool, thread_id, "The plan found Lisbon.")
+    await append_message(persistence.pool, thread_id, "The plan found Lisbon.")
+    await append_message(persistence.pool, thread_id, "Something else.")
+
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    replies = [s["output"] for s in thread["steps"] if s["type"] == "assistant_message"]
+    assert replies == ["The plan found Lisbon.", "Something else."]

@@ -550,3 +550,35 @@ async def test_the_run_lock_reports_a_missing_connection_as_an_outage_not_busy()
             pass
     assert is_database_outage(raised.value)
     assert not isinstance(raised.value, ThreadBusy)
+
+
+class ForgettingJournal:
+    """The run journal's side of resuming: which runs were dropped from it."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    async def forget(self, thread_id: str) -> None:
+        self.forgotten.append(thread_id)
+
+    async def give_up(self, thread_id: str) -> None:
+        raise AssertionError("a finished run is not given up")
+
+
+async def test_a_stranded_run_found_finished_hands_back_its_reply():
+    """Its worker died after the graph's last step but before the reply reached anyone."""
+    from graphs.core.runs import StrandedRun
+
+    runner = make_runner(assistant_spec(), model=ScriptedChatModel(["Lisbon it is"]))
+    assert (await send(runner, RecordingSurface(), "where do I live?")).status == "done"
+    journal = ForgettingJournal()
+    runner.journal = journal  # type: ignore[assignment]
+
+    outcome = await runner.resume_stranded(
+        StrandedRun(thread_id="t1", user_id="alice", agent="assistant", attempts=1),
+        RecordingSurface(),
+    )
+
+    assert outcome.status == "done"
+    assert outcome.reply == "Lisbon it is"
+    assert journal.forgotten == ["t1"]
