@@ -92,6 +92,23 @@ async def eventually(check: Any, *, timeout: float = 60.0, what: str) -> Any:
         await asyncio.sleep(0.1)
 
 
+async def assistant_turn(db: Persistence, text: str) -> tuple[Any, str, str]:
+    """A new user's Assistant conversation with one answered message: (graph, user, thread)."""
+    from auth.ownership import claim_thread
+
+    graph = assistant_agent.SPEC.build(
+        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
+    )
+    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
+    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
+    await graph.ainvoke(
+        {"messages": [("user", text)]},
+        {"configurable": {"thread_id": thread}},
+        context=Context(user_id=user, thread_id=thread),
+    )
+    return graph, user, thread
+
+
 async def select_one(db: Persistence) -> bool:
     async with db.pool.connection() as conn:
         await conn.execute("SELECT 1")
@@ -147,18 +164,7 @@ async def test_the_pool_serves_again_after_postgres_restarts(db, postgres, back_
 async def test_a_memory_job_deferred_after_a_restart_runs_without_an_app_restart(
     db, postgres, back_up
 ) -> None:
-    from auth.ownership import claim_thread
-
-    graph = assistant_agent.SPEC.build(
-        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
-    )
-    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
-    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
-    await graph.ainvoke(
-        {"messages": [("user", "I live in Lisbon")]},
-        {"configurable": {"thread_id": thread}},
-        context=Context(user_id=user, thread_id=thread),
-    )
+    graph, user, thread = await assistant_turn(db, "I live in Lisbon")
     async with memory_jobs(db, graph) as jobs:
         await asyncio.sleep(1.5)  # the worker and its LISTEN connection are up
         assert jobs.worker_starts == 1
@@ -180,18 +186,7 @@ async def test_a_memory_job_deferred_after_a_restart_runs_without_an_app_restart
 async def test_a_job_worker_that_stops_is_started_again_and_runs_jobs(db, back_up) -> None:
     """procrastinate's worker returns when a side task (its LISTEN) fails: "Side task listener
     failed ... stopping worker". Here the first run stops that way at once."""
-    from auth.ownership import claim_thread
-
-    graph = assistant_agent.SPEC.build(
-        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
-    )
-    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
-    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
-    await graph.ainvoke(
-        {"messages": [("user", "I live in Porto")]},
-        {"configurable": {"thread_id": thread}},
-        context=Context(user_id=user, thread_id=thread),
-    )
+    graph, user, thread = await assistant_turn(db, "I live in Porto")
     stopped: list[float] = []
 
     def stop_the_first_run(jobs: MemoryJobs) -> None:
@@ -448,18 +443,7 @@ async def test_a_conversation_ending_on_an_outage_error_names_the_message_to_ret
 async def test_a_turn_answered_just_before_an_outage_still_reaches_memory(
     db, postgres, back_up
 ) -> None:
-    from auth.ownership import claim_thread
-
-    graph = assistant_agent.SPEC.build(
-        checkpointer=db.checkpointer, store=db.store, model=offline_assistant()
-    )
-    user, thread = f"user-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
-    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
-    await graph.ainvoke(
-        {"messages": [("user", "My manager is Priya")]},
-        {"configurable": {"thread_id": thread}},
-        context=Context(user_id=user, thread_id=thread),
-    )
+    graph, user, thread = await assistant_turn(db, "My manager is Priya")
     async with memory_jobs(db, graph) as jobs:
         await asyncio.to_thread(postgres.stop)  # the turn's job is not queued yet
 
