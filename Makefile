@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: run cluster test unit integration e2e lint bench bench-recovery eval reembed browser nginx clean
+.PHONY: run cluster test unit integration e2e lint bench bench-capacity bench-recovery eval reembed browser nginx clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,10 +55,15 @@ integration: $(STAMP)
 e2e: $(STAMP) browser nginx
 	$(BIN)/python -m pytest tests/e2e
 
-# Prints figures (time to first token, recall latency, checkpoint growth, job throughput).
+# Prints figures (time to first token, CPU per turn, sessions per worker, recall latency,
+# checkpoint growth, job throughput). bench-capacity alone takes ~5-10 minutes.
 bench: $(STAMP)
 	$(BIN)/python -m bench.ttft
+	$(BIN)/python -m bench.capacity
 	$(BIN)/python -m bench.memory
+
+bench-capacity: $(STAMP)
+	$(BIN)/python -m bench.capacity
 
 # Seconds from Postgres coming back (after 10 s and 40 s down) to the pool serving, the first
 # chat reply and a memory job run, with no restart of the app (~3 minutes).

@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.chat_client import ChatSession, Turn, TurnFailed
@@ -117,8 +119,9 @@ def measure_bare(log_dir: Path) -> dict[str, Run]:
         return asyncio.run(run_all(server, users=None))
 
 
-def measure_app(log_dir: Path) -> dict[str, Run]:
-    users = local_users(CONCURRENT_SESSIONS)
+@contextmanager
+def app_server(users: dict[str, str], log_dir: Path) -> Iterator[Server]:
+    """The full app on its embedded defaults, with `users` seeded, on a throwaway data folder."""
     data_dir = Path(tempfile.mkdtemp(prefix="cairn-bench-"))
     # The embedded Postgres runs as another system user when we are root: it must traverse this.
     data_dir.chmod(0o755)
@@ -138,10 +141,16 @@ def measure_app(log_dir: Path) -> dict[str, Run]:
             settle_s=APP_SETTLE_S,
             postgres_dir=data_dir / "postgres",
         ) as server:
-            return asyncio.run(run_all(server, users=users))
+            yield server
     finally:
         stop_embedded_postgres(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure_app(log_dir: Path) -> dict[str, Run]:
+    users = local_users(CONCURRENT_SESSIONS)
+    with app_server(users, log_dir) as server:
+        return asyncio.run(run_all(server, users=users))
 
 
 def main() -> None:
