@@ -217,3 +217,26 @@ def test_stream_split_into_single_characters() -> None:
 def test_stream_ends_with_the_whole_sanitised_reply() -> None:
     text = "A table:\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n\nDone."
     assert _stream(re.findall(r"\S+\s*|\s+", text))[-1] == text
+
+
+PIECES = (
+    "a", "Z", "9", " ", "\n", "\t", ".", ",", ":", ";", "(", ")", "*", "_", "#", "-", "`", "!",
+    "&amp;", "&#60;", "'", '"', "/", "?", "=", "|", "~", "@", "é", "[", "]", "](", "<", ">", "\\",
+    "http", "://", "www.", "WWW.", "evil.example", "?d=1", "img src=", "![x", "[r]: ", "javascript:",
+)  # fmt: skip
+
+
+def test_unparsed_fast_path_agrees_with_the_parser_on_random_text() -> None:
+    """sanitise skips the parse when no construct it changes can form: over random mixes of
+    plain and markup pieces, the answer is always the one the parsed path gives."""
+    from random import Random
+
+    from ui.render import _sanitise_parsed  # the slow path itself, to compare against
+
+    rng = Random(13)
+    skipped = 0
+    for _ in range(4000):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 30)))
+        assert sanitise(text, POLICY) == _sanitise_parsed(text, POLICY), text
+        skipped += not any(c in text for c in "[]<>\\") and "://" not in text
+    assert skipped > 100  # the comparison covered text the fast path answers
