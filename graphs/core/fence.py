@@ -78,23 +78,22 @@ def lock_key(user_id: str) -> str:
     return f"cairn-user:{user_id}"
 
 
-_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"
+# One statement (migration 0103_fence_check): the lock taken shared until commit, then the
+# cut-off read by a query of its own inside the function, so with a fresh snapshot (a statement's
+# snapshot is taken before a lock wait inside it, and could miss the cut-off it waited for).
 # Whole seconds, as session tokens carry: a session issued in the second of the cut-off counts
 # as issued before it (auth.sessions.SessionRevocations.is_revoked, the same rule).
-_ENDED = (
-    "SELECT 1 FROM cairn_session_revocations WHERE user_id = %s "
-    "AND floor(extract(epoch FROM revoked_at)) >= floor(%s::float8)"
-)
+_ENDED = "SELECT cairn_fence_ended(%s, %s::float8) AS ended"
 
 
 async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
     """Inside an open transaction on conn: take the user's lock shared (until commit) and refuse
-    when the cut-off ended the fence's authority. Two statements, not one: a statement's
-    snapshot is taken before a lock wait inside it, so it could miss the cut-off it waited for.
-    In pipeline mode (as the callers here use it) BEGIN and both go in one round trip."""
-    await conn.execute(_LOCK_SHARED, (lock_key(fence.user_id),))
+    when the cut-off ended the fence's authority. In pipeline mode (as the callers here use it)
+    BEGIN and the check go in one round trip."""
     cur = await conn.execute(_ENDED, (fence.user_id, fence.since))
-    if await cur.fetchone() is not None:
+    row = await cur.fetchone()
+    ended = row["ended"] if isinstance(row, dict) else row[0] if row else None
+    if ended:
         raise WriteRefused(SESSION_ENDED)
 
 

@@ -463,6 +463,25 @@ CREATE TABLE IF NOT EXISTS cairn_reembed (
 );
 """
 
+# The wipe's cut-off check (graphs.core.fence.check) as one statement: the user's advisory lock
+# taken shared until commit, then the cut-off read by a query of its own. In a VOLATILE function
+# each query takes a fresh snapshot (READ COMMITTED), so a cut-off committed while the lock was
+# awaited is seen, as it was with the two statements this replaces (issue 13: one statement per
+# fenced write fewer, some twenty per Assistant turn). The key is graphs.core.fence.lock_key's.
+FENCE_CHECK_SQL = """
+CREATE OR REPLACE FUNCTION cairn_fence_ended(p_user text, p_since float8) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('cairn-user:' || p_user, 0));
+    RETURN EXISTS (
+        SELECT 1 FROM cairn_session_revocations
+        WHERE user_id = p_user
+          AND floor(extract(epoch FROM revoked_at)) >= floor(p_since)
+    );
+END
+$$;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -477,6 +496,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0100_analytics_demo", ANALYTICS_DEMO_SQL),
     Migration("0101_embedding_reembed", REEMBED_SQL),
     Migration("0102_access_tokens", ACCESS_TOKENS_SQL),
+    Migration("0103_fence_check", FENCE_CHECK_SQL),
 )
 
 

@@ -78,6 +78,7 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0009_time_travel",
         "0101_embedding_reembed",
         "0102_access_tokens",
+        "0103_fence_check",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)

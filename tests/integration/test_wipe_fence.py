@@ -366,3 +366,49 @@ async def test_every_worker_hears_a_cut_off_at_once_and_forgets_its_cached_look(
     finally:
         listening.cancel()
         await asyncio.gather(listening, return_exceptions=True)
+
+
+async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(db: Persistence) -> None:
+    """The check is one statement (cairn_fence_ended): a write that queued behind a cut-off in
+    progress must read the cut-off committed while it waited, not a snapshot from before."""
+    user = new_id("user")
+    session = Fence(user, float(await scalar(db, "SELECT extract(epoch FROM now())")) - 2)
+    async with db.pool.connection() as wipe, wipe.transaction():
+        await wipe.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (fence.lock_key(user),)
+        )
+        await wipe.execute(
+            "INSERT INTO cairn_session_revocations (user_id, revoked_at) "
+            "VALUES (%s, clock_timestamp())",
+            (user,),
+        )
+
+        async def write() -> None:
+            async with fence.fenced(db.pool, session) as conn:
+                await conn.execute(
+                    "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
+                    (new_id("thread"), user),
+                )
+
+        waiting = asyncio.create_task(write())
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # held behind the cut-off's exclusive lock
+    with pytest.raises(WriteRefused):
+        await asyncio.wait_for(waiting, 10)
+    assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user) == 0
+
+    # A session that began after the cut-off writes.
+    cut = float(
+        await scalar(
+            db,
+            "SELECT extract(epoch FROM revoked_at) FROM cairn_session_revocations "
+            "WHERE user_id = %s",
+            user,
+        )
+    )
+    async with fence.fenced(db.pool, Fence(user, cut + 1)) as conn:
+        await conn.execute(
+            "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
+            (new_id("thread"), user),
+        )
+    assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user) == 1
