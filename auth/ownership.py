@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 
+from graphs.core import fence
+
 # Defined below auth so graphs code can raise it too; importers keep naming it from here.
 from graphs.core.errors import NOT_FOUND, ThreadNotFound
 from graphs.core.fence import fenced
@@ -26,25 +28,33 @@ class OwnedThread:
     """A temporary chat: long-term memory is neither read nor written for it."""
 
 
+_CLAIM = (
+    f"WITH {fence.STATEMENT_CTE} "  # noqa: S608 (constants only)
+    "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary) "
+    "SELECT %(thread)s, %(user)s, %(agent)s, %(temporary)s FROM fence WHERE fence.ok "
+    "ON CONFLICT (thread_id) DO UPDATE SET last_active_at = now(), "
+    "temporary = cairn_threads.temporary OR EXCLUDED.temporary "
+    "WHERE cairn_threads.owner_id = EXCLUDED.owner_id "
+    "RETURNING agent, temporary"
+)
+
+
 async def claim_thread(
     pool: Pool, *, thread_id: str, user_id: str, agent: str, temporary: bool = False
 ) -> OwnedThread:
     """Record user_id as the owner of a new thread, or check they own an existing one.
 
-    One statement: the insert either creates the row or, for the owner only, marks the
-    thread active now and hands back the existing row. `temporary` only ever turns on.
+    One statement, the wipe's check included (graphs.core.fence.STATEMENT_CTE): the insert
+    either creates the row or, for the owner only, marks the thread active now and hands back
+    the existing row. `temporary` only ever turns on.
     Refused (graphs.core.fence.WriteRefused) once the user's data was wiped after the
     session or run it is made for began: a wiped account's thread never comes back.
     """
-    async with fenced(pool) as conn:
+    async with fence.statement(pool) as conn:
         cur = await conn.execute(
-            "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary) "
-            "VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT (thread_id) DO UPDATE SET last_active_at = now(), "
-            "temporary = cairn_threads.temporary OR EXCLUDED.temporary "
-            "WHERE cairn_threads.owner_id = EXCLUDED.owner_id "
-            "RETURNING agent, temporary",
-            (thread_id, user_id, agent, temporary),
+            _CLAIM,
+            {"thread": thread_id, "user": user_id, "agent": agent, "temporary": temporary}
+            | fence.statement_args(),
         )
         row = await cur.fetchone()
     if row is None:

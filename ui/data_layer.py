@@ -27,7 +27,16 @@ from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
 from graphs.core.errors import is_database_outage
-from graphs.core.fence import Fence, WriteRefused, acting_for, current, fenced
+from graphs.core.fence import (
+    STATEMENT_CTE,
+    Fence,
+    WriteRefused,
+    acting_for,
+    current,
+    fenced,
+    statement_args,
+)
+from graphs.core.fence import statement as fence_statement
 from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
@@ -37,30 +46,32 @@ log = logging.getLogger("cairn.security")
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 
-_UPSERT_STEP = """
-WITH thread AS (
+_UPSERT_STEP = f"""
+WITH {STATEMENT_CTE}, thread AS (
     INSERT INTO "Thread" (id, metadata, "updatedAt")
-    SELECT %(thread_id)s, '{}', now()
+    SELECT %(thread_id)s, '{{}}', now()
     WHERE %(thread_id)s::text IS NOT NULL
+      AND (SELECT ok FROM fence)
       AND NOT EXISTS (SELECT 1 FROM cairn_deleted_threads WHERE thread_id = %(thread_id)s)
     ON CONFLICT (id) DO NOTHING
 ), parent AS (
     INSERT INTO "Step" (id, metadata, type, "startTime", "endTime")
-    SELECT %(parent_id)s, '{}', 'run', %(time)s, %(time)s
-    WHERE %(parent_id)s::text IS NOT NULL
+    SELECT %(parent_id)s, '{{}}', 'run', %(time)s, %(time)s
+    WHERE %(parent_id)s::text IS NOT NULL AND (SELECT ok FROM fence)
     ON CONFLICT (id) DO NOTHING
 )
 INSERT INTO "Step" (
     id, "threadId", "parentId", input, metadata, name, output,
     type, "startTime", "endTime", "showInput", "isError"
-) VALUES (
+)
+SELECT
     %(id)s, %(thread_id)s, %(parent_id)s, %(input)s, %(metadata)s, %(name)s, %(output)s,
     %(type)s, %(time)s, %(time)s, %(show_input)s, %(is_error)s
-)
+FROM fence WHERE fence.ok
 ON CONFLICT (id) DO UPDATE SET
     "parentId" = COALESCE(EXCLUDED."parentId", "Step"."parentId"),
     input = COALESCE(NULLIF(EXCLUDED.input, ''), "Step".input),
-    metadata = CASE WHEN EXCLUDED.metadata <> '{}' THEN EXCLUDED.metadata ELSE "Step".metadata END,
+    metadata = CASE WHEN EXCLUDED.metadata <> '{{}}' THEN EXCLUDED.metadata ELSE "Step".metadata END,
     name = COALESCE(EXCLUDED.name, "Step".name),
     output = COALESCE(NULLIF(EXCLUDED.output, ''), "Step".output),
     type = CASE WHEN EXCLUDED.type = 'run' THEN "Step".type ELSE EXCLUDED.type END,
@@ -70,10 +81,12 @@ ON CONFLICT (id) DO UPDATE SET
     "showInput" = COALESCE(EXCLUDED."showInput", "Step"."showInput"),
     "isError" = COALESCE(EXCLUDED."isError", "Step"."isError")
 WHERE "Step"."threadId" IS NULL OR "Step"."threadId" = EXCLUDED."threadId"
-"""
+"""  # noqa: S608 (constants only)
 """chainlit.data.chainlit_data_layer.ChainlitDataLayer.create_step's upsert, same columns and
 conflict rules, with its thread and parent look-ups folded in. A client picks its own message
-ids, so an update never reaches a step of another conversation (Chainlit's would move it)."""
+ids, so an update never reaches a step of another conversation (Chainlit's would move it).
+The wipe's check is in the statement (graphs.core.fence.STATEMENT_CTE): one statement per step,
+no transaction block (some eight steps per Assistant turn: issue 13)."""
 
 _DELETE_STEP = """
 WITH step AS (
@@ -298,8 +311,8 @@ class PostgresDataLayer(ChainlitDataLayer):
 
     async def _upsert_step(self, params: dict[str, Any]) -> None:
         try:
-            async with fenced(self._pool) as conn:
-                await conn.execute(_UPSERT_STEP, params)
+            async with fence_statement(self._pool) as conn:
+                await conn.execute(_UPSERT_STEP, params | statement_args())
         except psycopg.errors.ForeignKeyViolation:
             # The conversation was deleted while this step was on its way: drop the step.
             log.info("step %s dropped: its conversation is gone", params["id"])

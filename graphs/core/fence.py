@@ -26,6 +26,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
@@ -95,6 +97,40 @@ async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
     ended = row["ended"] if isinstance(row, dict) else row[0] if row else None
     if ended:
         raise WriteRefused(SESSION_ENDED)
+
+
+REFUSED_SQLSTATE = "CRN01"
+"""What cairn_fence raises in a statement whose authority the cut-off ended."""
+
+STATEMENT_CTE = "fence AS (SELECT cairn_fence(%(fence_user)s::text, %(fence_since)s::float8) AS ok)"
+"""The check inside one write statement (migration 0103_fence_check), for a write that is a single
+statement: no transaction block, no separate check. The statement must read `fence` (a CTE that
+is not read is not run): `INSERT ... SELECT ... FROM fence`, or `WHERE (SELECT ok FROM fence)` in
+a data-modifying CTE. Taken there, the lock is held until the statement's implicit transaction
+commits; refused, the statement raises and nothing of it stays. Run it through `statement`."""
+
+
+def statement_args(fence: Fence | None = None) -> dict[str, Any]:
+    """STATEMENT_CTE's parameters for `fence` (default: the current authority; none: no check)."""
+    fence = fence or current()
+    return {
+        "fence_user": fence.user_id if fence else None,
+        "fence_since": fence.since if fence else 0.0,
+    }
+
+
+@asynccontextmanager
+async def statement(
+    pool: AsyncConnectionPool[Any],
+) -> AsyncIterator[AsyncConnection[Any]]:
+    """An autocommit connection for one STATEMENT_CTE write; its refusal is WriteRefused."""
+    async with pool.connection() as conn:
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            if exc.sqlstate == REFUSED_SQLSTATE:
+                raise WriteRefused(SESSION_ENDED) from None
+            raise
 
 
 @asynccontextmanager

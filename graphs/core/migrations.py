@@ -463,11 +463,16 @@ CREATE TABLE IF NOT EXISTS cairn_reembed (
 );
 """
 
-# The wipe's cut-off check (graphs.core.fence.check) as one statement: the user's advisory lock
-# taken shared until commit, then the cut-off read by a query of its own. In a VOLATILE function
-# each query takes a fresh snapshot (READ COMMITTED), so a cut-off committed while the lock was
-# awaited is seen, as it was with the two statements this replaces (issue 13: one statement per
-# fenced write fewer, some twenty per Assistant turn). The key is graphs.core.fence.lock_key's.
+# The wipe's cut-off check (graphs.core.fence) in Postgres. Both take the user's advisory lock
+# shared until commit, then read the cut-off by a query of their own: in a VOLATILE function each
+# query takes a fresh snapshot (READ COMMITTED), so a cut-off committed while the lock was awaited
+# is seen (a statement's own snapshot is taken before a lock wait inside it, and would miss it).
+# The key is graphs.core.fence.lock_key's.
+# - cairn_fence_ended: the check in a transaction of several writes (fence.check).
+# - cairn_fence: the check inside a single write statement (fence.STATEMENT_CTE), raising
+#   SQLSTATE CRN01 when ended, so the statement and its implicit transaction are undone; with no
+#   user (no authority) it checks nothing.
+# Issue 13: one statement per fenced write fewer, and no transaction block for one-statement ones.
 FENCE_CHECK_SQL = """
 CREATE OR REPLACE FUNCTION cairn_fence_ended(p_user text, p_since float8) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
@@ -478,6 +483,19 @@ BEGIN
         WHERE user_id = p_user
           AND floor(extract(epoch FROM revoked_at)) >= floor(p_since)
     );
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cairn_fence(p_user text, p_since float8) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF p_user IS NULL THEN
+        RETURN true;
+    END IF;
+    IF cairn_fence_ended(p_user, p_since) THEN
+        RAISE EXCEPTION 'this session has ended' USING ERRCODE = 'CRN01';
+    END IF;
+    RETURN true;
 END
 $$;
 """

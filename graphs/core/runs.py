@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from graphs.core.fence import fenced
+from graphs.core import fence
 
 if TYPE_CHECKING:
     from graphs.core.pool import Pool
@@ -40,6 +40,18 @@ class StrandedRun:
     attempts: int
 
 
+_STARTED = (
+    f"WITH {fence.STATEMENT_CTE} "  # noqa: S608 (constants only)
+    "INSERT INTO cairn_runs (thread_id, user_id, agent, worker_id) "
+    "SELECT %(thread)s, %(user)s, %(agent)s, %(worker)s FROM fence WHERE fence.ok "
+    "ON CONFLICT (thread_id) DO UPDATE SET "
+    "worker_id = EXCLUDED.worker_id, status = 'running', heartbeat_at = now(), "
+    "started_at = CASE WHEN cairn_runs.worker_id = EXCLUDED.worker_id "
+    "THEN now() ELSE cairn_runs.started_at END"
+)
+"""One statement, the wipe's check included (graphs.core.fence.STATEMENT_CTE)."""
+
+
 class RunJournal:
     """The cairn_runs table: a row per thread while a run works on it."""
 
@@ -50,14 +62,11 @@ class RunJournal:
     async def started(self, *, thread_id: str, user_id: str, agent: str) -> None:
         """Called under the thread's run lock: this worker now runs the thread (refused once
         the user's data was wiped: graphs.core.fence)."""
-        async with fenced(self.pool) as conn:
+        async with fence.statement(self.pool) as conn:
             await conn.execute(
-                "INSERT INTO cairn_runs (thread_id, user_id, agent, worker_id) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE SET "
-                "worker_id = EXCLUDED.worker_id, status = 'running', heartbeat_at = now(), "
-                "started_at = CASE WHEN cairn_runs.worker_id = EXCLUDED.worker_id "
-                "THEN now() ELSE cairn_runs.started_at END",
-                (thread_id, user_id, agent, self.worker),
+                _STARTED,
+                {"thread": thread_id, "user": user_id, "agent": agent, "worker": self.worker}
+                | fence.statement_args(),
             )
 
     async def finished(self, thread_id: str) -> None:

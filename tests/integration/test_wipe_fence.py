@@ -368,11 +368,26 @@ async def test_every_worker_hears_a_cut_off_at_once_and_forgets_its_cached_look(
         await asyncio.gather(listening, return_exceptions=True)
 
 
-async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(db: Persistence) -> None:
-    """The check is one statement (cairn_fence_ended): a write that queued behind a cut-off in
-    progress must read the cut-off committed while it waited, not a snapshot from before."""
+@pytest.mark.parametrize("path", ["transaction", "statement"])
+async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(
+    db: Persistence, path: str
+) -> None:
+    """Both checks read the cut-off after taking the lock: a write (in a transaction with
+    fence.check, or one statement with fence.STATEMENT_CTE, as a thread claim is) that queued
+    behind a cut-off in progress is refused, not let through by a snapshot from before."""
     user = new_id("user")
     session = Fence(user, float(await scalar(db, "SELECT extract(epoch FROM now())")) - 2)
+
+    async def write(authority: Fence) -> None:
+        if path == "statement":
+            await claim_thread(db.pool, thread_id=new_id("thread"), user_id=user, agent="a")
+            return
+        async with fence.fenced(db.pool, authority) as conn:
+            await conn.execute(
+                "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
+                (new_id("thread"), user),
+            )
+
     async with db.pool.connection() as wipe, wipe.transaction():
         await wipe.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (fence.lock_key(user),)
@@ -382,15 +397,8 @@ async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(db: P
             "VALUES (%s, clock_timestamp())",
             (user,),
         )
-
-        async def write() -> None:
-            async with fence.fenced(db.pool, session) as conn:
-                await conn.execute(
-                    "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
-                    (new_id("thread"), user),
-                )
-
-        waiting = asyncio.create_task(write())
+        with fence.acting_for(session):
+            waiting = asyncio.create_task(write(session))
         await asyncio.sleep(0.3)
         assert not waiting.done()  # held behind the cut-off's exclusive lock
     with pytest.raises(WriteRefused):
@@ -406,9 +414,6 @@ async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(db: P
             user,
         )
     )
-    async with fence.fenced(db.pool, Fence(user, cut + 1)) as conn:
-        await conn.execute(
-            "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
-            (new_id("thread"), user),
-        )
+    with fence.acting_for(Fence(user, cut + 1)):
+        await write(Fence(user, cut + 1))
     assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user) == 1
