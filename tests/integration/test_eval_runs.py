@@ -32,7 +32,9 @@ async def test_the_memory_eval_never_brings_a_forgotten_fact_back(
     assert status == 0
     assert figures["retrieval"]["defaults"]["recall"] >= RECALL_FLOOR
     assert figures["retrieval"]["defaults"]["recall"] > figures["retrieval"]["before"]["recall"]
-    heldout = figures["retrieval_heldout"]
-    assert heldout["split"] == "held-out"
+    assert figures["retrieval_heldout"]["split"] == "held-out v1"
+    heldout = figures["retrieval_heldout2"]
+    assert heldout["split"] == "held-out v2"
     assert heldout["sweep"] == []  # never tuned on
+    assert heldout["misses_at_defaults"] == []  # counted, never listed
     assert heldout["defaults"]["noisy_empty_queries"] == 0
