@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from evals.writes import MISSED_SAVE, MISSED_UPDATE, OK, WRONG_KEY
 from graphs.memory.recall import (
-    DEFAULT_BOOST,
+    DEFAULT_BOOSTS,
     DEFAULT_LIMIT,
     DEFAULT_RELATIVE,
     DEFAULT_THRESHOLD,
@@ -91,8 +91,11 @@ def before_after(splits: list[RetrievalResult]) -> str:
         [
             "Retrieval before and after issue 15, both splits (before: the fact's own vector, "
             "top 3 above 0.25;",
-            f"  now: cosine to the fact, +{DEFAULT_BOOST:.2f} when the message asks about a "
-            "situation the fact bears on (graphs.memory.situations),",
+            f"  now: cosine to the fact, +{DEFAULT_BOOSTS.situation:.2f} when the message asks "
+            "about a situation the fact's words bear on",
+            f"  (graphs.memory.situations), else +{DEFAULT_BOOSTS.category:.2f} when its stored "
+            f"category does, +{DEFAULT_BOOSTS.lexical:.2f} when fact and message share a word "
+            "stem,",
             f"  top {DEFAULT_LIMIT} above {DEFAULT_THRESHOLD:.2f} and within "
             f"{DEFAULT_RELATIVE:.0%} of the best match)",
             "  Splits: tuning and held-out v1 are tuned on (v1 was held out, but its misses were "

@@ -269,7 +269,9 @@ def retrieval_json(result: RetrievalResult) -> dict[str, Any]:
         "best_f1_ties": [{"limit": s.limit, "threshold": s.threshold} for s in result.ties],
         "sweep": [s.as_dict() for s in result.sweep],
         "misses_at_defaults_count": len(result.misses),
-        "misses_at_defaults": [] if result.held_out else [
+        "misses_at_defaults": []
+        if result.held_out
+        else [
             {
                 "user": o.query.user,
                 "query": o.query.query,

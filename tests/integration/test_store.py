@@ -146,3 +146,57 @@ async def test_exact_search_takes_plain_float_vectors(seeded: Persistence) -> No
 
     assert summary(got) == summary(await plain_store(seeded).abatch(ops))
     assert got[3][0].key == "diet"
+
+
+async def test_each_boost_adds_exactly_its_share_and_words_outrank_category(
+    persistence: Persistence,
+) -> None:
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-boosts", "facts")
+    facts = {
+        # The situation pattern matches its words; its category matches too, but words win.
+        "words": ("User cannot eat gluten", "health"),
+        # Only the category matches the pattern's situation.
+        "category": ("User has Crohn's disease", "health"),
+        # Shares the stem "lesson" with the message, nothing else.
+        "lexical": ("User takes violin lessons", "preference"),
+        "none": ("User lives in Oslo", "fact"),
+    }
+    for key, (content, category) in facts.items():
+        await store.aput(namespace, key, {"content": content, "category": category})
+    message = "Plan dinner after my lesson"
+    search = [SearchOp(namespace, query=message, limit=10, refresh_ttl=False)]
+
+    def scores(results: list[Any]) -> dict[str, float]:
+        return {item.key: item.score for item in results[0]}
+
+    plain = scores(await store.aread_exact(search))
+    boosted = scores(
+        await store.aread_exact(
+            search,
+            boost_pattern=r"\y(?:gluten)\y",
+            boost=0.25,
+            boost_categories=["health"],
+            category_boost=0.15,
+            lexical_boost=0.05,
+        )
+    )
+
+    added = {key: round(boosted[key] - plain[key], 6) for key in facts}
+    assert added == {"words": 0.25, "category": 0.15, "lexical": 0.05, "none": 0.0}
+
+
+async def test_a_message_of_stop_words_only_boosts_nothing_lexically(
+    persistence: Persistence,
+) -> None:
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-stopwords", "facts")
+    await store.aput(namespace, "k", {"content": "User is what they are", "category": "fact"})
+    search = [SearchOp(namespace, query="what are they", limit=10, refresh_ttl=False)]
+
+    plain = await store.aread_exact(search)
+    lexical = await store.aread_exact(search, lexical_boost=0.05)
+
+    assert plain[0][0].score == pytest.approx(lexical[0][0].score)
