@@ -200,3 +200,50 @@ async def test_a_message_of_stop_words_only_boosts_nothing_lexically(
     lexical = await store.aread_exact(search, lexical_boost=0.05)
 
     assert plain[0][0].score == pytest.approx(lexical[0][0].score)
+
+
+async def test_a_short_page_is_the_head_of_the_long_one_with_every_boost(
+    persistence: Persistence,
+) -> None:
+    # The lexical boost is computed only for facts it could lift into the page: any page must
+    # still be the head of the full ranking.
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-pages", "facts")
+    contents = [
+        "User cannot eat gluten",
+        "User bakes bread at the weekend",
+        "User has a dinner club on Fridays",
+        "User takes violin lessons",
+        "User's lesson plans are due on Monday",
+        "User lives in Oslo",
+        "User cooks dinner for two",
+        "User is learning to cook Thai food",
+    ]
+    for i, content in enumerate(contents):
+        await store.aput(namespace, f"k{i}", {"content": content, "category": "preference"})
+    boosts: dict[str, Any] = {
+        "boost_pattern": r"\y(?:gluten|bakes)\y",
+        "boost": 0.25,
+        "boost_categories": ["preference"],
+        "category_boost": 0.0,
+        "lexical_boost": 0.05,
+    }
+
+    for message in ("Plan dinner after my lesson", "bread for a dinner club", "cook"):
+        whole = await store.aread_exact(
+            [SearchOp(namespace, query=message, limit=20, refresh_ttl=False)], **boosts
+        )
+        ranking = [(i.key, round(i.score or 0.0, 6)) for i in whole[0]]
+        for limit in range(1, len(contents) + 1):
+            for offset in (0, 2):
+                page = await store.aread_exact(
+                    [
+                        SearchOp(
+                            namespace, query=message, limit=limit, offset=offset, refresh_ttl=False
+                        )
+                    ],
+                    **boosts,
+                )
+                got = [(i.key, round(i.score or 0.0, 6)) for i in page[0]]
+                assert got == ranking[offset : offset + limit], (message, limit, offset)
