@@ -333,7 +333,7 @@ def _print_recall(rec: dict[str, Any]) -> None:
         f"p95 {rec['recall_store_only_ms']['p95']:.1f} ms"
     )
     print(
-        f"    the same without situation boost:  p50 "
+        f"    the same without any boost:        p50 "
         f"{rec['recall_store_only_unboosted_ms']['p50']:.1f} ms  "
         f"p95 {rec['recall_store_only_unboosted_ms']['p95']:.1f} ms"
     )
