@@ -96,6 +96,7 @@ async def _seed(p: Persistence, rng: random.Random) -> list[str]:
 async def bench_recall(p: Persistence) -> dict[str, Any]:
     from graphs.memory.recall import recall
     from graphs.memory.scoped import ScopedMemory
+    from graphs.memory.situations import Boosts
 
     rng = random.Random(7)
     started = time.perf_counter()
@@ -125,7 +126,12 @@ async def bench_recall(p: Persistence) -> dict[str, Any]:
             # Without band and boost (recall before issue 15), in the same conditions; and the
             # ranking check: then the search must be the exact one.
             plain = await recall(
-                ScopedMemory(p.store, user), query, limit=5, threshold=0.0, relative=0.0, boost=0.0
+                ScopedMemory(p.store, user),
+                query,
+                limit=5,
+                threshold=0.0,
+                relative=0.0,
+                boosts=Boosts(),
             )
             unboosted_ms.append(plain.latency_ms)
             if [m.key for m in plain.relevant] != await _exact(p, user, query):
@@ -327,7 +333,7 @@ def _print_recall(rec: dict[str, Any]) -> None:
         f"p95 {rec['recall_store_only_ms']['p95']:.1f} ms"
     )
     print(
-        f"    the same without situation boost:  p50 "
+        f"    the same without any boost:        p50 "
         f"{rec['recall_store_only_unboosted_ms']['p50']:.1f} ms  "
         f"p95 {rec['recall_store_only_unboosted_ms']['p95']:.1f} ms"
     )

@@ -40,7 +40,13 @@ from graphs.core.settings import Settings
 HERE = Path(__file__).parent
 RETRIEVAL_DATA = HERE / "data" / "retrieval.jsonl"
 HELDOUT_DATA = HERE / "data" / "retrieval_heldout.jsonl"
-"""Users and queries the recall defaults were never tuned on: read its figures, do not tune on them."""
+"""Held-out v1: written as held out, but its misses were read while the method was built, so it
+is no longer clean; it is now tuned on, beside the tuning split (swept, misses listed)."""
+HELDOUT2_DATA = HERE / "data" / "retrieval_heldout2.jsonl"
+"""Held-out v2: new users written (and committed on their own) before any change it could
+inform. Never tuned on: run at the defaults only, and only its figures are printed, not its
+misses, so that reading the report does not spoil it. Never edit it; when it has been looked at
+too often, write a fresh one."""
 WRITES_DATA = HERE / "data" / "writes.jsonl"
 RESULTS = HERE / "results" / "memory.json"
 
@@ -166,7 +172,13 @@ async def evaluate(
         retrieval = [
             await evaluate_retrieval(persistence.store, load_retrieval_set(RETRIEVAL_DATA)),
             await evaluate_retrieval(
-                persistence.store, load_retrieval_set(HELDOUT_DATA), split="held-out", sweep=False
+                persistence.store, load_retrieval_set(HELDOUT_DATA), split="held-out v1"
+            ),
+            await evaluate_retrieval(
+                persistence.store,
+                load_retrieval_set(HELDOUT2_DATA),
+                split="held-out v2",
+                sweep=False,
             ),
         ]
         writes = await evaluate_writes(persistence.store, model, load_cases(WRITES_DATA))
@@ -184,6 +196,7 @@ def results_json(
         "embedding": embedding,
         "retrieval": retrieval_json(retrieval[0]),
         "retrieval_heldout": retrieval_json(retrieval[1]),
+        "retrieval_heldout2": retrieval_json(retrieval[2]),
         "writes": writes_json(writes),
         "forgotten_came_back": came_back_json(writes),
     }

@@ -14,7 +14,14 @@ from langgraph.store.base import GetOp, Item, PutOp, SearchItem, SearchOp
 from graphs.core.store import PipelinedStore
 from graphs.memory.locks import UserLocks, user_locks_for
 from graphs.memory.policy import PROFILE_SLOTS, Existing, Tombstone, fact_key, normalise_fact
-from graphs.memory.situations import fact_pattern, request_situations, situations_for
+from graphs.memory.situations import (
+    Boosts,
+    Situation,
+    fact_categories,
+    fact_pattern,
+    request_situations,
+    situations_for,
+)
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -140,21 +147,30 @@ class ScopedMemory:
         return self._locks.hold(self.user_id)
 
     async def _read(
-        self, ops: list[Any], *, query: str | None = None, boost: float = 0.0
+        self, ops: list[Any], *, query: str | None = None, boosts: Boosts | None = None
     ) -> list[Any]:
         """A batch of reads in one round trip. Every namespace built by `_ns` is a leaf (nothing
         is stored beneath it), so on Postgres it is matched exactly (graphs.core.store).
 
-        A search for `query` adds `boost` to the facts that bear on a situation the query asks
-        about (graphs.memory.situations): in the query on Postgres; elsewhere (in-memory stores
-        in tests) to the results, after the store's own limit.
+        A search for `query` adds `boosts.situation` to the facts whose words bear on a
+        situation the query asks about (graphs.memory.situations), else `boosts.category` to
+        those whose category does, and `boosts.lexical` to those sharing a word stem with it:
+        in the query on Postgres; elsewhere (in-memory stores in tests) to the results, after
+        the store's own limit, and without the lexical part (no text search there).
         """
-        asked = request_situations(query) if query and boost else []
+        b = boosts or Boosts()
+        asked = request_situations(query) if query and (b.situation or b.category) else []
         if isinstance(self._store, PipelinedStore):
-            pattern = fact_pattern(asked)
-            return await self._store.aread_exact(ops, boost_pattern=pattern, boost=boost)
+            return await self._store.aread_exact(
+                ops,
+                boost_pattern=fact_pattern(asked),
+                boost=b.situation,
+                boost_categories=fact_categories(asked),
+                category_boost=b.category,
+                lexical_boost=b.lexical if query else 0.0,
+            )
         results = list(await self._store.abatch(ops))
-        return [_boosted(r, asked, boost) if isinstance(r, list) else r for r in results]
+        return [_boosted(r, asked, b) if isinstance(r, list) else r for r in results]
 
     # Memories -----------------------------------------------------------------------------
 
@@ -167,7 +183,7 @@ class ScopedMemory:
         return [Memory.from_item(i) for i in items]
 
     async def recall_batch(
-        self, query: str | None, *, limit: int, threshold: float, boost: float = 0.0
+        self, query: str | None, *, limit: int, threshold: float, boosts: Boosts | None = None
     ) -> tuple[MemorySettings, list[Memory], list[Memory]]:
         """Settings, pinned facts and the facts closest to query, in one store round trip.
 
@@ -182,7 +198,7 @@ class ScopedMemory:
         ]
         if query:
             ops.append(SearchOp(self._ns(FACTS), query=query, limit=limit, refresh_ttl=False))
-        settings_item, profile, *rest = await self._read(ops, query=query, boost=boost)
+        settings_item, profile, *rest = await self._read(ops, query=query, boosts=boosts)
         found = rest[0] if rest else []
         relevant = [
             Memory.from_item(i)
@@ -456,15 +472,18 @@ def _tombstone(item: Item) -> Tombstone:
     return Tombstone(key=item.value.get("key"), fact=item.value.get("fact"))
 
 
-def _boosted(items: list[Any], asked: list[Any], boost: float) -> list[Any]:
+def _boosted(items: list[Any], asked: list[Situation], boosts: Boosts) -> list[Any]:
     if not asked:
         return items
     names = {s.name for s in asked}
+    categories = set(fact_categories(asked))
     for item in items:
-        if item.score is not None and names & {
-            s.name for s in situations_for(item.value.get("content", ""))
-        }:
-            item.score += boost
+        if item.score is None:
+            continue
+        if names & {s.name for s in situations_for(item.value.get("content", ""))}:
+            item.score += boosts.situation
+        elif item.value.get("category") in categories:
+            item.score += boosts.category
     return sorted(items, key=lambda i: i.score or 0.0, reverse=True)
 
 

@@ -16,6 +16,8 @@ RECALL_FLOOR = 0.83
 """Recall on the tuning split at the recall defaults with local MiniLM measured 0.860 (74 of 86
 expected memories); the floor leaves room for two borderline scores to flip. Before issue 15
 (the before-figures) it was 0.558."""
+HELDOUT_V1_FLOOR = 0.83
+"""Held-out v1 (tuned on since issue 15's second pass) measured 0.852 (46 of 54)."""
 
 
 async def test_the_memory_eval_never_brings_a_forgotten_fact_back(
@@ -32,7 +34,14 @@ async def test_the_memory_eval_never_brings_a_forgotten_fact_back(
     assert status == 0
     assert figures["retrieval"]["defaults"]["recall"] >= RECALL_FLOOR
     assert figures["retrieval"]["defaults"]["recall"] > figures["retrieval"]["before"]["recall"]
-    heldout = figures["retrieval_heldout"]
-    assert heldout["split"] == "held-out"
-    assert heldout["sweep"] == []  # never tuned on
-    assert heldout["defaults"]["noisy_empty_queries"] == 0
+    assert figures["retrieval"]["defaults"]["noisy_empty_queries"] == 0
+    v1 = figures["retrieval_heldout"]
+    assert v1["split"] == "held-out v1"
+    assert v1["defaults"]["recall"] >= HELDOUT_V1_FLOOR
+    assert v1["defaults"]["noisy_empty_queries"] == 0
+    # Held-out v2 is reported, never tuned on: no floor here, or the floor would tune it.
+    v2 = figures["retrieval_heldout2"]
+    assert v2["split"] == "held-out v2"
+    assert v2["sweep"] == []
+    assert v2["misses_at_defaults"] == []  # counted, never listed
+    assert v2["queries"] == 79

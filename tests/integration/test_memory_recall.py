@@ -13,6 +13,7 @@ from graphs.core.context import Context
 from graphs.core.persistence import Persistence
 from graphs.memory.recall import recall, stamps_settled
 from graphs.memory.scoped import ScopedMemory
+from graphs.memory.situations import Boosts, situations_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ async def test_a_recipe_request_recalls_a_food_intolerance(persistence: Persiste
     await put(mine, "piano", "User is learning piano")
 
     found = await recall(mine, "Give me a recipe for chocolate brownies")
-    without_boost = await recall(mine, "Give me a recipe for chocolate brownies", boost=0.0)
+    without_boost = await recall(mine, "Give me a recipe for chocolate brownies", boosts=Boosts())
     nothing = await recall(mine, "Explain how a rainbow forms")
 
     assert [m.key for m in found.relevant] == ["gluten"]
@@ -96,3 +97,24 @@ async def test_a_stamp_after_a_forget_does_not_bring_the_memory_back(
         row = await cur.fetchone()
     assert row is not None
     assert row["n"] == 0
+
+
+async def test_a_health_fact_in_words_nobody_listed_is_recalled_by_its_category(
+    persistence: Persistence,
+) -> None:
+    user = f"user-{uuid.uuid4()}"
+    mine = ScopedMemory(persistence.store, user)
+    fact = "User has gout and limits red meat"
+    assert situations_for(fact) == []  # no situation's words name it
+    await mine.put("gout", content=fact, category="health", source={}, confidence=1, stated=True)
+    await put(mine, "piano", "User is learning piano")
+    found = await recall(mine, "What should I cook for dinner tonight?")
+
+    # The same words under a category that does not bear on food: cosine alone (0.19) is short.
+    other = ScopedMemory(persistence.store, f"user-{uuid.uuid4()}")
+    await put(other, "gout", fact)
+    await put(other, "piano", "User is learning piano")
+    not_found = await recall(other, "What should I cook for dinner tonight?")
+
+    assert [m.key for m in found.relevant] == ["gout"]
+    assert not_found.relevant == []

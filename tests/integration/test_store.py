@@ -146,3 +146,104 @@ async def test_exact_search_takes_plain_float_vectors(seeded: Persistence) -> No
 
     assert summary(got) == summary(await plain_store(seeded).abatch(ops))
     assert got[3][0].key == "diet"
+
+
+async def test_each_boost_adds_exactly_its_share_and_words_outrank_category(
+    persistence: Persistence,
+) -> None:
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-boosts", "facts")
+    facts = {
+        # The situation pattern matches its words; its category matches too, but words win.
+        "words": ("User cannot eat gluten", "health"),
+        # Only the category matches the pattern's situation.
+        "category": ("User has Crohn's disease", "health"),
+        # Shares the stem "lesson" with the message, nothing else.
+        "lexical": ("User takes violin lessons", "preference"),
+        "none": ("User lives in Oslo", "fact"),
+    }
+    for key, (content, category) in facts.items():
+        await store.aput(namespace, key, {"content": content, "category": category})
+    message = "Plan dinner after my lesson"
+    search = [SearchOp(namespace, query=message, limit=10, refresh_ttl=False)]
+
+    def scores(results: list[Any]) -> dict[str, float]:
+        return {item.key: item.score for item in results[0]}
+
+    plain = scores(await store.aread_exact(search))
+    boosted = scores(
+        await store.aread_exact(
+            search,
+            boost_pattern=r"\y(?:gluten)\y",
+            boost=0.25,
+            boost_categories=["health"],
+            category_boost=0.15,
+            lexical_boost=0.05,
+        )
+    )
+
+    added = {key: round(boosted[key] - plain[key], 6) for key in facts}
+    assert added == {"words": 0.25, "category": 0.15, "lexical": 0.05, "none": 0.0}
+
+
+async def test_a_message_of_stop_words_only_boosts_nothing_lexically(
+    persistence: Persistence,
+) -> None:
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-stopwords", "facts")
+    await store.aput(namespace, "k", {"content": "User is what they are", "category": "fact"})
+    search = [SearchOp(namespace, query="what are they", limit=10, refresh_ttl=False)]
+
+    plain = await store.aread_exact(search)
+    lexical = await store.aread_exact(search, lexical_boost=0.05)
+
+    assert plain[0][0].score == pytest.approx(lexical[0][0].score)
+
+
+async def test_a_short_page_is_the_head_of_the_long_one_with_every_boost(
+    persistence: Persistence,
+) -> None:
+    # The lexical boost is computed only for facts it could lift into the page: any page must
+    # still be the head of the full ranking.
+    store = persistence.store
+    assert isinstance(store, PipelinedStore)
+    namespace = ("memories", "st-pages", "facts")
+    contents = [
+        "User cannot eat gluten",
+        "User bakes bread at the weekend",
+        "User has a dinner club on Fridays",
+        "User takes violin lessons",
+        "User's lesson plans are due on Monday",
+        "User lives in Oslo",
+        "User cooks dinner for two",
+        "User is learning to cook Thai food",
+    ]
+    for i, content in enumerate(contents):
+        await store.aput(namespace, f"k{i}", {"content": content, "category": "preference"})
+    boosts: dict[str, Any] = {
+        "boost_pattern": r"\y(?:gluten|bakes)\y",
+        "boost": 0.25,
+        "boost_categories": ["preference"],
+        "category_boost": 0.0,
+        "lexical_boost": 0.05,
+    }
+
+    for message in ("Plan dinner after my lesson", "bread for a dinner club", "cook"):
+        whole = await store.aread_exact(
+            [SearchOp(namespace, query=message, limit=20, refresh_ttl=False)], **boosts
+        )
+        ranking = [(i.key, round(i.score or 0.0, 6)) for i in whole[0]]
+        for limit in range(1, len(contents) + 1):
+            for offset in (0, 2):
+                page = await store.aread_exact(
+                    [
+                        SearchOp(
+                            namespace, query=message, limit=limit, offset=offset, refresh_ttl=False
+                        )
+                    ],
+                    **boosts,
+                )
+                got = [(i.key, round(i.score or 0.0, 6)) for i in page[0]]
+                assert got == ranking[offset : offset + limit], (message, limit, offset)

@@ -10,6 +10,8 @@ from graphs.memory.recall import within_band
 from graphs.memory.scoped import Memory, ScopedMemory
 from graphs.memory.situations import (
     SITUATIONS,
+    Boosts,
+    fact_categories,
     fact_pattern,
     request_situations,
     situations_for,
@@ -34,8 +36,8 @@ def test_a_recipe_asks_about_food_and_a_long_run_about_injuries() -> None:
 
 
 def test_words_match_whole_not_inside_other_words() -> None:
-    # "son" is not in "song", "car" not in "card", "pet" not in "competition".
-    assert situations_for("User writes songs on a card for the competition") == []
+    # "son" is not in "sonnets", "car" not in "card", "pet" not in "competition".
+    assert situations_for("User writes sonnets on a card for the competition") == []
 
 
 def test_a_question_with_no_situation_boosts_nothing() -> None:
@@ -96,3 +98,37 @@ async def test_a_memory_never_recalled_says_so() -> None:
     dog = await mine.get("alice_dog")
     assert dog is not None
     assert dog.last_recalled_at is None
+
+
+async def test_in_memory_words_score_the_situation_boost_and_categories_the_smaller_one() -> None:
+    def same_vector(texts: list[str]) -> list[list[float]]:
+        return [[1.0, 0.0] for _ in texts]  # every cosine is 1: only the boosts differ
+
+    store = InMemoryStore(index={"dims": 2, "embed": same_vector, "fields": ["content"]})
+    mine = ScopedMemory(store, "alice")
+    for key, content, category in (
+        ("gluten", "User cannot eat gluten", "health"),
+        ("gout", "User has gout", "health"),
+        ("oslo", "User lives in Oslo", "fact"),
+    ):
+        await mine.put(
+            key, content=content, category=category, source={}, confidence=1, stated=True
+        )
+
+    _, _, found = await mine.recall_batch(
+        "Give me a recipe for soup",
+        limit=10,
+        threshold=0.0,
+        boosts=Boosts(situation=0.25, category=0.15, lexical=0.05),
+    )
+
+    # Words win over the category (not added to it); no lexical part without Postgres.
+    assert [(m.key, round(m.score or 0.0, 6)) for m in found] == [
+        ("gluten", 1.25),
+        ("gout", 1.15),
+        ("oslo", 1.0),
+    ]
+    assert fact_categories(request_situations("Give me a recipe for soup")) == [
+        "health",
+        "religion",
+    ]
