@@ -6,9 +6,13 @@ loading a conversation slowed as it grew (0.9 ms at 200 turns, linear after). He
 channel's blob is an index lookup on the blobs' primary key (0.2 ms, flat). Same columns, same
 rows.
 
-Writes are fenced (graphs.core.fence): a run's checkpoint is written in one transaction with
-the check of its user's cut-off, so a run still going on one worker when the user's data is
-wiped on another stops at its next write instead of leaving checkpoints behind.
+Writes are fenced (graphs.core.fence): each of a checkpoint's write statements checks its user's
+cut-off itself (the library's INSERTs rewritten to read `fence`, below), so a run still going on
+one worker when the user's data is wiped on another stops at its next write instead of leaving
+checkpoints behind. A statement, not a transaction block with a check before the writes: some
+seven checkpoint writes an Assistant turn, each one statement fewer and no BEGIN/COMMIT (issue
+13). A wipe between a checkpoint's blobs and its row leaves blobs written before the cut-off,
+which the wipe deletes, and refuses the row.
 
 Two worker-thread hops are also skipped where they only cost (see the methods): decoding a
 checkpoint's pending writes when it has none, and encoding one node's writes. Everything else
@@ -22,6 +26,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
+import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -30,10 +35,9 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from langgraph.checkpoint.postgres import _ainternal
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import AsyncCursor
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 
 from graphs.core import fence
 
@@ -71,10 +75,62 @@ select
 from checkpoints """
 
 
+_FENCE = "fence AS (SELECT cairn_fence(%s::text, %s::float8) AS ok)"
+"""graphs.core.fence.STATEMENT_CTE with positional parameters, as the library's SQL has."""
+
+
+def fenced_insert(sql: str) -> str:
+    """The library's `INSERT INTO t (...) VALUES (%s, ...) ON CONFLICT ...` as one statement
+    that also passes the wipe's check: `WITH fence ... INSERT INTO t (...) SELECT %s, ...
+    FROM fence WHERE fence.ok ON CONFLICT ...`; its parameters are the fence's two, then the
+    library's. A library whose INSERT has another shape fails here, at import."""
+    head, keyword, rest = sql.partition("VALUES (")
+    values, close, tail = rest.partition(")")
+    if not keyword or not close or "INSERT INTO" not in head or "%s" not in values:
+        msg = f"unexpected checkpoint SQL shape: {sql!r}"
+        raise RuntimeError(msg)
+    return f"WITH {_FENCE} {head.strip()} SELECT {values} FROM fence WHERE fence.ok {tail.strip()}"  # noqa: S608 (the library's constants)
+
+
+class _FencingCursor:
+    """The cursor the library writes with: a fenced statement gets its fence's parameters."""
+
+    def __init__(self, cur: AsyncCursor[DictRow], fenced: frozenset[str], args: tuple[Any, ...]):
+        self._cur = cur
+        self._fenced = fenced
+        self._args = args
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if query in self._fenced:
+            params = (*self._args, *params)
+        return await self._cur.execute(query, params, **kwargs)
+
+    async def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+        if query in self._fenced:
+            params_seq = [(*self._args, *params) for params in params_seq]
+        return await self._cur.executemany(query, params_seq, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
 class CairnSaver(AsyncPostgresSaver):
-    """`AsyncPostgresSaver` whose checkpoint reads look blobs up by key (see module doc)."""
+    """`AsyncPostgresSaver` whose checkpoint reads look blobs up by key and whose writes pass
+    the wipe's check in the statement (see module doc)."""
 
     SELECT_SQL = SELECT_SQL
+    UPSERT_CHECKPOINT_BLOBS_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINT_BLOBS_SQL)
+    UPSERT_CHECKPOINTS_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINTS_SQL)
+    UPSERT_CHECKPOINT_WRITES_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL)
+    INSERT_CHECKPOINT_WRITES_SQL = fenced_insert(AsyncPostgresSaver.INSERT_CHECKPOINT_WRITES_SQL)
+    _FENCED = frozenset(
+        {
+            UPSERT_CHECKPOINT_BLOBS_SQL,
+            UPSERT_CHECKPOINTS_SQL,
+            UPSERT_CHECKPOINT_WRITES_SQL,
+            INSERT_CHECKPOINT_WRITES_SQL,
+        }
+    )
 
     async def _load_checkpoint_tuple(self, value: DictRow) -> CheckpointTuple:
         # The library decodes pending writes in a worker thread. A checkpoint a run starts from
@@ -107,20 +163,14 @@ class CairnSaver(AsyncPostgresSaver):
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
         authority = fence.current() if _writing.get() else None
-        if authority is None or self.pipe is not None:
+        args = (authority.user_id, authority.since) if authority else (None, 0.0)
+        try:
             async with super()._cursor(pipeline=pipeline) as cur:
-                yield cur
-            return
-        # A write under a user's authority: the check and the write in one transaction.
-        async with (
-            self.lock,
-            _ainternal.get_connection(self.conn) as conn,
-            conn.pipeline(),
-            conn.transaction(),
-        ):
-            await fence.check(conn, authority)
-            async with conn.cursor(binary=True, row_factory=dict_row) as cur:
-                yield cur
+                yield _FencingCursor(cur, self._FENCED, args)  # type: ignore[misc]
+        except psycopg.Error as exc:
+            if exc.sqlstate == fence.REFUSED_SQLSTATE:
+                raise fence.WriteRefused(fence.SESSION_ENDED) from None
+            raise
 
     async def aput(
         self,
