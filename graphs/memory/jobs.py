@@ -264,12 +264,26 @@ class MemoryJobs:
                 await asyncio.sleep(1.0)
 
     async def _message_arrived(self, *, user_id: str, thread_id: str) -> None:
+        """Push the thread's quiet deadline back; queue its job unless one queued from here is
+        still waiting. That job re-reads the deadline when it wakes and waits again if it moved,
+        so a conversation's later messages only move the deadline: one read and one write a
+        message, not also a job insert (and its lock check) every time (issue 13).
+
+        `job_at` is when the job last queued from here wakes (it is written only once the job
+        is queued: a failed queueing is queued again). A job that ran has woken, so `job_at` is
+        past; a cancelled one has its `job_at` cleared (cancel_user); a dead-lettered one is past
+        it too. Either way the next message queues a new one."""
         memory = ScopedMemory(self.store, user_id)
         settings, marker = await memory.settings_and_marker(thread_id)
         if not settings.enabled:
             return
-        await memory.set_marker(thread_id, current=marker, due_at=time.time() + self.idle_seconds)
+        now = time.time()
+        due_at = now + self.idle_seconds
+        if float(marker.get("job_at") or 0) > now:
+            await memory.set_marker(thread_id, current=marker, due_at=due_at)
+            return
         await self._defer(user_id, thread_id, delay_s=self.idle_seconds)
+        await memory.set_marker(thread_id, current=marker, due_at=due_at, job_at=due_at)
 
     async def forget_thread(self, *, user_id: str, thread_id: str) -> None:
         """A deleted conversation: cancel its queued job and drop its marker."""
@@ -384,14 +398,21 @@ class MemoryJobs:
         its writes carry the authority it was queued under (refused after a wipe)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id FROM procrastinate_jobs WHERE task_name = %s AND status = 'todo' "
-                "AND args->>'user_id' = %s",
+                "SELECT id, args->>'thread_id' AS thread_id FROM procrastinate_jobs "
+                "WHERE task_name = %s AND status = 'todo' AND args->>'user_id' = %s",
                 (TASK_NAME, user_id),
             )
-            job_ids = [row["id"] for row in await cur.fetchall()]
-        for job_id in job_ids:
+            jobs = [(row["id"], row["thread_id"]) for row in await cur.fetchall()]
+        memory = ScopedMemory(self.store, user_id)
+        for job_id, thread_id in jobs:
             await self.app.job_manager.cancel_job_by_id_async(job_id, delete_job=True)
-        return len(job_ids)
+            marker = await memory.marker(thread_id) if thread_id else {}
+            if marker.get("job_at"):
+                # No job waits for the thread now: its next message queues one. (A wipe
+                # deletes the marker after this; its own session's write is refused.)
+                with contextlib.suppress(fence.WriteRefused):
+                    await memory.set_marker(thread_id, current=marker, job_at=0)
+        return len(jobs)
 
     async def _dead_letter(
         self, user_id: str, thread_id: str, job_id: int | None, attempts: int, exc: Exception

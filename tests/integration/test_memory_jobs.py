@@ -419,6 +419,57 @@ async def test_a_stalled_job_whose_thread_has_a_newer_job_queued_is_dropped(
     async with memory_jobs_running(db, worker=False, load_messages=Conversations().load) as jobs:
         await jobs.message_arrived(user_id=user, thread_id=thread)
         await stall(db, user)
+        # A worker takes a job when it is due: the user writes again after that (before it,
+        # the waiting job would be left to pick the new deadline up: no new one is queued).
+        await asyncio.sleep(0.3)
         await jobs.message_arrived(user_id=user, thread_id=thread)  # the user wrote again
         assert await jobs.retry_stalled() == []
     assert await job_statuses(db, user) == ["todo"]
+
+
+async def queued_jobs(db: Persistence, user: str) -> int:
+    async with db.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM procrastinate_jobs WHERE args->>'user_id' = %s "
+            "AND status = 'todo'",
+            (user,),
+        )
+        row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def test_later_messages_move_the_deadline_without_queueing_and_a_cancel_lets_the_next_queue(
+    db: Persistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a job waits for the thread, messages only push its deadline (no queueing attempt);
+    after the user's jobs are cancelled (memory switched off), the next message queues again."""
+    user = new_id("user")
+    thread = await owned_thread(db, user)
+    talk = Conversations()
+    async with memory_jobs_running(
+        db, worker=False, load_messages=talk.load, idle_seconds=600
+    ) as jobs:
+        deferred: list[str] = []
+        original = jobs._defer
+
+        async def counting(user_id: str, thread_id: str, *, delay_s: float) -> None:
+            deferred.append(thread_id)
+            await original(user_id, thread_id, delay_s=delay_s)
+
+        monkeypatch.setattr(jobs, "_defer", counting)
+        memory = ScopedMemory(db.store, user)
+        for _ in range(3):
+            await jobs.message_arrived(user_id=user, thread_id=thread)
+        assert deferred == [thread]
+        assert await queued_jobs(db, user) == 1
+        marker = await memory.marker(thread)
+        assert marker["job_at"] <= marker["due_at"]
+        first_due = marker["due_at"]
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        assert (await memory.marker(thread))["due_at"] >= first_due  # the deadline moved
+
+        assert await jobs.cancel_user(user_id=user) == 1
+        assert await queued_jobs(db, user) == 0
+        await jobs.message_arrived(user_id=user, thread_id=thread)
+        assert deferred == [thread, thread]
+        assert await queued_jobs(db, user) == 1
