@@ -8,9 +8,6 @@ Chainlit source and fails, naming the patch to re-check, when an upgrade changes
 
 The patches, in the order `install` applies them:
 
-- event loop: asyncio's C tasks and futures and its own loop back, undoing nest_asyncio, which
-  Chainlit's CLI applies on import for the one place it re-enters the running loop
-  (`WebsocketSession.get_config`, patched here) (`restore_asyncio`).
 - settings: `chainlit_config` and the `CHAINLIT_AUTH_SECRET` / `CHAINLIT_URL` variables from
   Cairn's Settings (`configure_chainlit`).
 - sockets: every socket handler checks its frame first (`guard_socket_events`).
@@ -588,7 +585,6 @@ def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
 
     Safe to run again in one process: no patch wraps or replaces twice.
     """
-    restore_asyncio()
     configure_chainlit(settings, public_url=public_url, auth_secret=auth_secret)
     route_message_edits(chainlit.server.sio)
     guard_socket_events(chainlit.server.sio)
@@ -598,54 +594,6 @@ def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
     chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignment]
     guard_output()
     return folder
-
-
-# --- event loop: asyncio as it ships, not nest_asyncio's ---
-
-
-def restore_asyncio() -> None:
-    """Undo nest_asyncio, which `chainlit run` applies when its CLI is imported.
-
-    nest_asyncio makes the loop re-entrant by replacing asyncio's C Task and Future with the
-    pure-Python ones and the loop's scheduler with a Python copy: every await of every request
-    pays for it (about a third of the CPU of a chat turn's event-loop work; issue 13). Chainlit
-    2.12.0 re-enters the running loop in one place, `WebsocketSession.get_config`, to compute a
-    chat profile's config overrides; Cairn's profiles have none (ui/chat.chat_profiles), so
-    `session_config` answers the global config instead. Chainlit's `run_chainlit` calls
-    `asyncio.run` after loading app.py, so the server then runs on a plain asyncio loop.
-    Safe to run twice; `asyncio._nest_patched` stays set, so nest_asyncio does not patch the
-    module again.
-    """
-    import _asyncio  # the C implementations asyncio itself imports
-    import asyncio.events
-    import asyncio.futures
-    import asyncio.runners
-    import asyncio.tasks
-
-    asyncio.Task = asyncio.tasks.Task = asyncio.tasks._CTask = _asyncio.Task  # type: ignore[attr-defined,misc]
-    asyncio.Future = asyncio.futures.Future = asyncio.futures._CFuture = _asyncio.Future  # type: ignore[attr-defined,misc]
-    asyncio.run = asyncio.runners.run
-    asyncio.events.get_event_loop = asyncio.get_event_loop = _asyncio.get_event_loop
-    asyncio.events._get_event_loop = _asyncio._get_event_loop  # type: ignore[attr-defined]
-    # nest_asyncio patched the loop class itself: its methods shadow asyncio's own.
-    # It patched the loop class and the policy class too: their methods shadow asyncio's own.
-    probe = asyncio.new_event_loop()
-    probe.close()
-    for cls in (type(probe), type(asyncio.get_event_loop_policy())):
-        for name, value in list(vars(cls).items()):
-            if getattr(value, "__module__", None) == "nest_asyncio":
-                delattr(cls, name)
-    WebsocketSession.get_config = session_config  # type: ignore[method-assign]
-
-
-CHAINLIT_GET_CONFIG = WebsocketSession.get_config
-"""Chainlit's own, as shipped (pinned by tests/unit/test_chainlit_patches.py)."""
-
-
-def session_config(self: WebsocketSession) -> chainlit.config.ChainlitConfig:
-    """`WebsocketSession.get_config` without re-entering the event loop: no profile of Cairn's
-    overrides Chainlit's config, so every session's config is the global one."""
-    return chainlit_config
 
 
 # --- settings: Cairn's Settings, where Chainlit reads them ---

@@ -17,7 +17,6 @@ import chainlit.data.utils
 import chainlit.server
 import chainlit.socket
 import chainlit.utils
-import nest_asyncio
 import pytest
 from chainlit.context import ChainlitContext
 from chainlit.data.chainlit_data_layer import ChainlitDataLayer
@@ -46,7 +45,6 @@ OUTPUT = "guard_output / SanitisingEmitter in ui/chainlit_patches.py"
 HELPERS = "the helper named in ui/chainlit_patches.py"
 DATA_LAYER = "the copy of it in ui/data_layer.py (PostgresDataLayer)"
 EDITS = "route_message_edits in ui/chainlit_patches.py (and ui/chat.edit_message)"
-LOOP = "restore_asyncio / session_config in ui/chainlit_patches.py (and ui/chat.chat_profiles)"
 
 # Chainlit's emitter as it ships (chainlit.emitter.ChainlitEmitter is ours once installed).
 _Emitter = SanitisingEmitter.__bases__[0]
@@ -108,13 +106,6 @@ CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
     ),
     "emitter.task_start": (_Emitter.task_start, "8ef945646a14e8be", "task_signals"),
     "emitter.task_end": (_Emitter.task_end, "bfb2c3a2969eccff", "task_signals"),
-    "session.WebsocketSession.get_config": (
-        chainlit_patches.CHAINLIT_GET_CONFIG,
-        "fc82728cc880c685",
-        LOOP,
-    ),
-    "nest_asyncio._patch_asyncio": (nest_asyncio._patch_asyncio, "e849e09bb197f8d5", LOOP),
-    "nest_asyncio._patch_loop": (nest_asyncio._patch_loop, "0879e1f9be82ba8e", LOOP),
     "session.WebsocketSession.__init__": (
         WebsocketSession.__init__,
         "497d8ea08531b384",
@@ -644,57 +635,3 @@ async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails(
     with pytest.raises(RuntimeError):
         await failing_run()
     assert signals == ["busy", "run", "idle"]
-
-
-def test_the_server_runs_on_asyncio_as_it_ships_not_nest_asyncio() -> None:
-    """`chainlit run` imports nest_asyncio's patch; install undoes it: C tasks and futures, the
-    loop's own scheduler, and a session config that needs no re-entry into the running loop."""
-    import _asyncio
-    import asyncio
-
-    import chainlit.cli  # applies nest_asyncio, as `chainlit run` does
-
-    chainlit_patches.restore_asyncio()
-    assert asyncio.Task is _asyncio.Task
-    assert asyncio.Future is _asyncio.Future
-    assert asyncio.run is asyncio.runners.run
-
-    async def inside() -> type:
-        return type(asyncio.current_task())
-
-    loop = asyncio.new_event_loop()
-    try:
-        assert type(loop).run_until_complete is asyncio.BaseEventLoop.run_until_complete
-        assert loop.run_until_complete(inside()) is _asyncio.Task
-        with pytest.raises(RuntimeError, match="already running"):
-            # Re-entry is what nest_asyncio allowed; nothing of Cairn's may need it.
-            loop.run_until_complete(_reenter(loop))
-    finally:
-        loop.close()
-    session = object.__new__(WebsocketSession)
-    assert WebsocketSession.get_config(session) is chainlit.config.config
-
-
-async def _reenter(loop: Any) -> None:
-    coro = asyncio_sleep()
-    try:
-        loop.run_until_complete(coro)
-    finally:
-        coro.close()
-
-
-async def asyncio_sleep() -> None:
-    import asyncio
-
-    await asyncio.sleep(0)
-
-
-def test_no_chat_profile_overrides_chainlit_config() -> None:
-    """session_config answers the global config: true only while no profile overrides it."""
-    import asyncio
-
-    from ui.chat import chat_profiles
-
-    profiles = asyncio.run(chat_profiles(None))  # type: ignore[arg-type]
-    assert profiles
-    assert all(getattr(p, "config_overrides", None) is None for p in profiles)
