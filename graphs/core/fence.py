@@ -5,7 +5,8 @@ authority was granted (the session's sign-in for anything a signed-in session do
 memory job and their after-work inherit it). An account wipe records a cut-off for the user
 (cairn_session_revocations) while holding the user's advisory lock exclusively. Every fenced
 write takes the same lock shared, in its own transaction, and checks the cut-off there before
-writing:
+writing (a write of several statements: `fenced`, `check`; a write that is one statement: the
+check inside it, `STATEMENT_CTE`, its implicit transaction holding the lock until it commits):
 
 - a write that held the lock before the wipe committed has committed too, so the wipe's deletes
   (which start after) see it and remove it;

@@ -110,6 +110,9 @@ class _FencingCursor:
             params_seq = [(*self._args, *params) for params in params_seq]
         return await self._cur.executemany(query, params_seq, **kwargs)
 
+    def __aiter__(self) -> Any:
+        return self._cur.__aiter__()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cur, name)
 

@@ -31,3 +31,39 @@ def test_every_checkpoint_write_reads_the_fence_and_takes_its_two_parameters_fir
 def test_a_library_insert_of_another_shape_stops_the_import() -> None:
     with pytest.raises(RuntimeError, match="unexpected checkpoint SQL shape"):
         fenced_insert("INSERT INTO checkpoints SELECT * FROM elsewhere")
+
+
+async def test_the_cursor_prepends_the_fence_to_fenced_statements_only_and_still_iterates() -> None:
+    from graphs.core.saver import _FencingCursor
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, object]] = []
+
+        async def execute(self, query: str, params: object = None) -> None:
+            self.calls.append((query, params))
+
+        async def executemany(self, query: str, params_seq: object) -> None:
+            self.calls.append((query, params_seq))
+
+        def __aiter__(self) -> object:
+            async def rows() -> object:
+                yield {"checkpoint_id": "a"}
+
+            return rows()
+
+    fenced = CairnSaver.UPSERT_CHECKPOINTS_SQL
+    inner = Recorder()
+    cur = _FencingCursor(inner, CairnSaver._FENCED, ("user-1", 12.5))  # type: ignore[arg-type]
+    await cur.execute(fenced, ("t", "", "c"))
+    await cur.executemany(CairnSaver.UPSERT_CHECKPOINT_BLOBS_SQL, [("t", "x"), ("t", "y")])
+    await cur.execute("SELECT 1", ("p",))
+    assert inner.calls == [
+        (fenced, ("user-1", 12.5, "t", "", "c")),
+        (
+            CairnSaver.UPSERT_CHECKPOINT_BLOBS_SQL,
+            [("user-1", 12.5, "t", "x"), ("user-1", 12.5, "t", "y")],
+        ),
+        ("SELECT 1", ("p",)),
+    ]
+    assert [row async for row in cur] == [{"checkpoint_id": "a"}]
