@@ -40,6 +40,11 @@ BISECT_STEPS = 2
 MAX_FAILED_SHARE = 0.01
 """A rung with more failed turns than this (time-outs, wrong replies) is over capacity too."""
 SIGN_IN_CONCURRENCY = 8
+OPEN_BATCH = 10
+
+
+class SessionsRefused(RuntimeError):
+    """The server did not accept every new session of a rung."""
 
 
 @dataclass
@@ -103,7 +108,16 @@ class Pool:
         fresh = [
             ChatSession(self._server.url, cookie=c, chat_profile=CHAT_PROFILE) for c in cookies
         ]
-        await asyncio.gather(*(s.open() for s in fresh))
+        # Opened a few at a time: a burst of sign-ins is not what this measures.
+        opened: list[object] = []
+        for i in range(0, len(fresh), OPEN_BATCH):
+            batch = fresh[i : i + OPEN_BATCH]
+            opened += await asyncio.gather(*(s.open() for s in batch), return_exceptions=True)
+        if failures := [o for o in opened if isinstance(o, BaseException)]:
+            # A server that refuses sessions is over capacity: the rung fails, the ladder stops.
+            errors.append(f"{len(failures)} of {new} sessions did not open: {failures[0]!r}")
+            await asyncio.gather(*(s.close() for s in fresh), return_exceptions=True)
+            raise SessionsRefused(errors[-1])
         # The first turn claims the thread (and, for the app, opens its conversation): unmeasured,
         # spread over a few seconds so the warm-up is not itself a burst.
         await asyncio.gather(
@@ -150,7 +164,10 @@ async def _paced(
 
 async def run_rung(server: Server, pool: Pool, sessions: int, window_turns: int) -> Rung:
     errors: list[str] = []
-    await pool.grow(sessions, errors)
+    try:
+        await pool.grow(sessions, errors)
+    except SessionsRefused:
+        return Rung(sessions, 0, sessions * window_turns, 0.0, float("inf"), 0.0, 0.0, errors)
     ttfts: list[float] = []
     seeds = random.Random(sessions)
     cpu_before = server.cpu_seconds()
