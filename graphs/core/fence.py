@@ -103,7 +103,9 @@ async def check(conn: AsyncConnection[Any], fence: Fence) -> None:
 REFUSED_SQLSTATE = "CRN01"
 """What cairn_fence raises in a statement whose authority the cut-off ended."""
 
-STATEMENT_CTE = "fence AS (SELECT cairn_fence(%(fence_user)s::text, %(fence_since)s::float8) AS ok)"
+_CTE = "fence AS (SELECT cairn_fence({user}::text, {since}::float8) AS ok)"
+
+STATEMENT_CTE = _CTE.format(user="%(fence_user)s", since="%(fence_since)s")
 """The check inside one write statement (migration 0103_fence_check), for a write that is a single
 statement: no transaction block, no separate check. The statement must read `fence` (a CTE that
 is not read is not run): `INSERT ... SELECT ... FROM fence`, or `WHERE (SELECT ok FROM fence)` in
@@ -120,18 +122,29 @@ def statement_args(fence: Fence | None = None) -> dict[str, Any]:
     }
 
 
+STATEMENT_CTE_POSITIONAL = _CTE.format(user="%s", since="%s")
+"""STATEMENT_CTE for SQL with positional parameters (the checkpointer's): the fence's two first."""
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """A STATEMENT_CTE write refused by the cut-off raises WriteRefused, as `check` does."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == REFUSED_SQLSTATE:
+            raise WriteRefused(SESSION_ENDED) from None
+        raise
+
+
 @asynccontextmanager
 async def statement(
     pool: AsyncConnectionPool[Any],
 ) -> AsyncIterator[AsyncConnection[Any]]:
     """An autocommit connection for one STATEMENT_CTE write; its refusal is WriteRefused."""
     async with pool.connection() as conn:
-        try:
+        with refusals():
             yield conn
-        except psycopg.Error as exc:
-            if exc.sqlstate == REFUSED_SQLSTATE:
-                raise WriteRefused(SESSION_ENDED) from None
-            raise
 
 
 @asynccontextmanager

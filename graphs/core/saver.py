@@ -26,7 +26,6 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
-import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -75,10 +74,6 @@ select
 from checkpoints """
 
 
-_FENCE = "fence AS (SELECT cairn_fence(%s::text, %s::float8) AS ok)"
-"""graphs.core.fence.STATEMENT_CTE with positional parameters, as the library's SQL has."""
-
-
 def fenced_insert(sql: str) -> str:
     """The library's `INSERT INTO t (...) VALUES (%s, ...) ON CONFLICT ...` as one statement
     that also passes the wipe's check: `WITH fence ... INSERT INTO t (...) SELECT %s, ...
@@ -89,7 +84,7 @@ def fenced_insert(sql: str) -> str:
     if not keyword or not close or "INSERT INTO" not in head or "%s" not in values:
         msg = f"unexpected checkpoint SQL shape: {sql!r}"
         raise RuntimeError(msg)
-    return f"WITH {_FENCE} {head.strip()} SELECT {values} FROM fence WHERE fence.ok {tail.strip()}"  # noqa: S608 (the library's constants)
+    return f"WITH {fence.STATEMENT_CTE_POSITIONAL} {head.strip()} SELECT {values} FROM fence WHERE fence.ok {tail.strip()}"  # noqa: S608 (the library's constants)
 
 
 class _FencingCursor:
@@ -167,13 +162,9 @@ class CairnSaver(AsyncPostgresSaver):
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
         authority = fence.current() if _writing.get() else None
         args = (authority.user_id, authority.since) if authority else (None, 0.0)
-        try:
+        with fence.refusals():
             async with super()._cursor(pipeline=pipeline) as cur:
                 yield _FencingCursor(cur, self._FENCED, args)  # type: ignore[misc]
-        except psycopg.Error as exc:
-            if exc.sqlstate == fence.REFUSED_SQLSTATE:
-                raise fence.WriteRefused(fence.SESSION_ENDED) from None
-            raise
 
     async def aput(
         self,
