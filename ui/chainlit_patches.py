@@ -337,7 +337,8 @@ def _message_favorite(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _fetch_favorites(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    _enabled("favorites")
+    # The browser asks on every connection, whatever the config; Chainlit's handler then does
+    # nothing. Refusing it would show every user an error toast on every page load.
     return _none(sid, args)
 
 

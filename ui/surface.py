@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import chainlit as cl
+from chainlit.context import context
 from chainlit.utils import utc_now
 
 from ui.actions import ANSWER_ACTION, RETRY_ACTION
@@ -77,10 +81,80 @@ def retry_message(text: str, *, thread_id: str, message_id: str | None = None) -
     )
 
 
-def new_reply(*, author: str | None = None) -> cl.Message:
+STREAM_WINDOW_S = 0.04
+"""Tokens that arrive within this long of the last socket message go out together in the next
+one. A model streams a token every 10-50 ms, so the text still grows smoothly, but a burst
+(a fast model, a finished report, the offline model) costs one socket message per window
+instead of one per word: each message is a socket.io emit, an output-sanitiser pass and a
+websocket frame, about 0.1 ms of the worker's CPU (bench/README.md, "Sessions per worker")."""
+
+
+class Reply(cl.Message):
+    """A streamed reply: its first token is sent at once (time to first token is unchanged),
+    later ones are coalesced per STREAM_WINDOW_S. The content is always whole; only the socket
+    messages wait, and a final send, update or removal carries the content itself, so what is
+    held then is dropped rather than sent twice."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._held: list[str] = []
+        self._sent_at = -math.inf
+        self._timer: asyncio.TimerHandle | None = None
+        self._later: asyncio.Future[None] | None = None
+
+    async def stream_token(self, token: str, is_sequence: bool = False) -> None:
+        if is_sequence or not self.streaming:
+            self._drop_held()
+            self._sent_at = time.monotonic()
+            await super().stream_token(token, is_sequence=is_sequence)
+            return
+        if not token:
+            return
+        self.content += token
+        self._held.append(token)
+        wait = self._sent_at + STREAM_WINDOW_S - time.monotonic()
+        if wait <= 0:
+            await self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._timer = None
+        # Scheduled from the streaming task, so it runs in that task's context (the session).
+        self._later = asyncio.ensure_future(self.flush())
+
+    def _drop_held(self) -> None:
+        self._held.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def flush(self) -> None:
+        """Send the held tokens now."""
+        text = "".join(self._held)
+        self._drop_held()
+        if text and self.streaming:
+            self._sent_at = time.monotonic()
+            await context.emitter.send_token(id=self.id, token=text, is_sequence=False)
+
+    async def send(self) -> Reply:
+        self._drop_held()
+        await super().send()
+        return self
+
+    async def update(self) -> bool:
+        self._drop_held()
+        return await super().update()
+
+    async def remove(self) -> bool:
+        self._drop_held()
+        return await super().remove()
+
+
+def new_reply(*, author: str | None = None) -> Reply:
     """A reply dated when its first token arrives, so it sorts below the steps that led to it
     and above what follows it (Chainlit would date it when the stream ends)."""
-    message = cl.Message(content="", created_at=utc_now())
+    message = Reply(content="", created_at=utc_now())
     if author is not None:
         message.author = author
     return message

@@ -20,6 +20,7 @@ code in between (LangGraph's saver and store) needs no new arguments.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -124,6 +125,35 @@ def statement_args(fence: Fence | None = None) -> dict[str, Any]:
 
 STATEMENT_CTE_POSITIONAL = _CTE.format(user="%s", since="%s")
 """STATEMENT_CTE for SQL with positional parameters (the checkpointer's): the fence's two first."""
+
+
+@functools.lru_cache(maxsize=64)
+def fenced_insert(sql: str) -> str:
+    """A library's single-row `INSERT INTO t (...) VALUES (...) ON CONFLICT ...` as one statement
+    that also passes the wipe's check: `WITH fence ... INSERT INTO t (...) SELECT ... FROM fence
+    WHERE fence.ok ON CONFLICT ...`. Its parameters are the fence's two (positional_args), then
+    the library's. SQL of another shape (several rows, no VALUES) raises RuntimeError: the
+    checkpointer's is rewritten at import, so a library upgrade that changes it fails there."""
+    head, keyword, rest = sql.partition("VALUES (")
+    depth, end = 1, -1
+    for i, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            end = i
+            break
+    values, tail = rest[:end], rest[end + 1 :]
+    if not keyword or end < 0 or "INSERT INTO" not in head or "%s" not in values:
+        msg = f"unexpected INSERT shape for a fenced write: {sql!r}"
+        raise RuntimeError(msg)
+    if tail.lstrip().startswith(","):
+        msg = f"a fenced write must insert one row: {sql!r}"
+        raise RuntimeError(msg)
+    return f"WITH {STATEMENT_CTE_POSITIONAL} {head.strip()} SELECT {values} FROM fence WHERE fence.ok {tail.strip()}"  # noqa: S608 (the library's constants)
+
+
+def positional_args(fence: Fence | None) -> tuple[str | None, float]:
+    """STATEMENT_CTE_POSITIONAL's two parameters for `fence` (none: no check)."""
+    return (fence.user_id, fence.since) if fence else (None, 0.0)
 
 
 @contextmanager

@@ -74,19 +74,6 @@ select
 from checkpoints """
 
 
-def fenced_insert(sql: str) -> str:
-    """The library's `INSERT INTO t (...) VALUES (%s, ...) ON CONFLICT ...` as one statement
-    that also passes the wipe's check: `WITH fence ... INSERT INTO t (...) SELECT %s, ...
-    FROM fence WHERE fence.ok ON CONFLICT ...`; its parameters are the fence's two, then the
-    library's. A library whose INSERT has another shape fails here, at import."""
-    head, keyword, rest = sql.partition("VALUES (")
-    values, close, tail = rest.partition(")")
-    if not keyword or not close or "INSERT INTO" not in head or "%s" not in values:
-        msg = f"unexpected checkpoint SQL shape: {sql!r}"
-        raise RuntimeError(msg)
-    return f"WITH {fence.STATEMENT_CTE_POSITIONAL} {head.strip()} SELECT {values} FROM fence WHERE fence.ok {tail.strip()}"  # noqa: S608 (the library's constants)
-
-
 class _FencingCursor:
     """The cursor the library writes with: a fenced statement gets its fence's parameters."""
 
@@ -117,10 +104,16 @@ class CairnSaver(AsyncPostgresSaver):
     the wipe's check in the statement (see module doc)."""
 
     SELECT_SQL = SELECT_SQL
-    UPSERT_CHECKPOINT_BLOBS_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINT_BLOBS_SQL)
-    UPSERT_CHECKPOINTS_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINTS_SQL)
-    UPSERT_CHECKPOINT_WRITES_SQL = fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL)
-    INSERT_CHECKPOINT_WRITES_SQL = fenced_insert(AsyncPostgresSaver.INSERT_CHECKPOINT_WRITES_SQL)
+    UPSERT_CHECKPOINT_BLOBS_SQL = fence.fenced_insert(
+        AsyncPostgresSaver.UPSERT_CHECKPOINT_BLOBS_SQL
+    )
+    UPSERT_CHECKPOINTS_SQL = fence.fenced_insert(AsyncPostgresSaver.UPSERT_CHECKPOINTS_SQL)
+    UPSERT_CHECKPOINT_WRITES_SQL = fence.fenced_insert(
+        AsyncPostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL
+    )
+    INSERT_CHECKPOINT_WRITES_SQL = fence.fenced_insert(
+        AsyncPostgresSaver.INSERT_CHECKPOINT_WRITES_SQL
+    )
     _FENCED = frozenset(
         {
             UPSERT_CHECKPOINT_BLOBS_SQL,
@@ -161,7 +154,7 @@ class CairnSaver(AsyncPostgresSaver):
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
         authority = fence.current() if _writing.get() else None
-        args = (authority.user_id, authority.since) if authority else (None, 0.0)
+        args = fence.positional_args(authority)
         with fence.refusals():
             async with super()._cursor(pipeline=pipeline) as cur:
                 yield _FencingCursor(cur, self._FENCED, args)  # type: ignore[misc]

@@ -20,6 +20,7 @@ to the other model's index (`mirror`). Everything else is the library's store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
@@ -145,6 +146,17 @@ class PipelinedStore(AsyncPostgresStore):
         op = PutOp(namespace, key, value, index, ttl=_ensure_ttl(self.ttl_config, ttl))
         # The embedding is computed before the transaction (and its lock) starts.
         queries, embedding = self._prepare_batch_PUT_queries([(0, op)])
+        if not embedding and len(queries) == 1:
+            # One row and no vectors (a marker, a setting): the check goes in the statement.
+            ((statement, args),) = queries
+            sql = fence.fenced_insert(statement)
+            async with _ainternal.get_connection(self.conn) as conn:
+                # The app's pools are autocommit; a bare connection (tests, tools) commits here.
+                block = contextlib.nullcontext() if conn.autocommit else conn.transaction()
+                async with block:
+                    with fence.refusals():
+                        await conn.execute(sql, (*fence.positional_args(authority), *args))
+            return
         if embedding:
             query, texts = embedding
             assert self.embeddings is not None  # an embedding request implies an index

@@ -368,25 +368,35 @@ async def test_every_worker_hears_a_cut_off_at_once_and_forgets_its_cached_look(
         await asyncio.gather(listening, return_exceptions=True)
 
 
-@pytest.mark.parametrize("path", ["transaction", "statement"])
+@pytest.mark.parametrize("path", ["transaction", "statement", "store"])
 async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(
     db: Persistence, path: str
 ) -> None:
     """Both checks read the cut-off after taking the lock: a write (in a transaction with
     fence.check, or one statement with fence.STATEMENT_CTE, as a thread claim is) that queued
-    behind a cut-off in progress is refused, not let through by a snapshot from before."""
+    behind a cut-off in progress is refused, not let through by a snapshot from before. A store
+    put of one row without vectors (a marker) takes the statement's path too."""
     user = new_id("user")
     session = Fence(user, float(await scalar(db, "SELECT extract(epoch FROM now())")) - 2)
+    marked = new_id("thread")
 
     async def write(authority: Fence) -> None:
         if path == "statement":
             await claim_thread(db.pool, thread_id=new_id("thread"), user_id=user, agent="a")
+            return
+        if path == "store":  # a one-row put without vectors: the check inside the statement
+            await ScopedMemory(db.store, user).set_marker(marked, due_at=1.0)
             return
         async with fence.fenced(db.pool, authority) as conn:
             await conn.execute(
                 "INSERT INTO cairn_threads (thread_id, owner_id, agent) VALUES (%s, %s, 'a')",
                 (new_id("thread"), user),
             )
+
+    async def written() -> int:
+        if path == "store":
+            return int(bool(await ScopedMemory(db.store, user).marker(marked)))
+        return int(await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user))
 
     async with db.pool.connection() as wipe, wipe.transaction():
         await wipe.execute(
@@ -403,7 +413,7 @@ async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(
         assert not waiting.done()  # held behind the cut-off's exclusive lock
     with pytest.raises(WriteRefused):
         await asyncio.wait_for(waiting, 10)
-    assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user) == 0
+    assert await written() == 0
 
     # A session that began after the cut-off writes.
     cut = float(
@@ -416,4 +426,4 @@ async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(
     )
     with fence.acting_for(Fence(user, cut + 1)):
         await write(Fence(user, cut + 1))
-    assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", user) == 1
+    assert await written() == 1

@@ -50,6 +50,7 @@ def fake_chat(monkeypatch):
     shown.clear()
     monkeypatch.setattr(cl, "Step", FakeStep)
     monkeypatch.setattr(cl, "Message", FakeMessage)
+    monkeypatch.setattr(assistant, "new_reply", lambda **_: FakeMessage())
 
 
 class ChatSpecSurface(RecordingSurface):

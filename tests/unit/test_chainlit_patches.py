@@ -455,6 +455,20 @@ async def test_events_of_features_turned_off_are_refused(event):
     assert sio.calls == []
 
 
+async def test_the_browsers_favorites_request_passes_quietly_with_favorites_turned_off():
+    """The client asks on every connection; refusing it showed an error toast on every load.
+    Chainlit's handler does nothing with favorites off, and arguments are still refused."""
+    assert not chainlit.config.config.features.favorites
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"]["fetch_favorites"]("sid")
+    assert sio.calls == [("fetch_favorites", ("sid",))]
+    assert sio.emitted == []
+    await sio.handlers["/"]["fetch_favorites"]("sid", {"user": "someone-else"})
+    assert sio.calls == [("fetch_favorites", ("sid",))]
+    assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
+
+
 async def test_a_handler_failure_shows_a_fixed_text():
     sio = _FakeSio()
 

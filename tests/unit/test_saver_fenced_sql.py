@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-from graphs.core.saver import CairnSaver, fenced_insert
+from graphs.core.fence import fenced_insert
+from graphs.core.saver import CairnSaver
 
 LIBRARY = (
     "UPSERT_CHECKPOINT_BLOBS_SQL",
@@ -29,7 +30,7 @@ def test_every_checkpoint_write_reads_the_fence_and_takes_its_two_parameters_fir
 
 
 def test_a_library_insert_of_another_shape_stops_the_import() -> None:
-    with pytest.raises(RuntimeError, match="unexpected checkpoint SQL shape"):
+    with pytest.raises(RuntimeError, match="unexpected INSERT shape"):
         fenced_insert("INSERT INTO checkpoints SELECT * FROM elsewhere")
 
 
@@ -67,3 +68,26 @@ async def test_the_cursor_prepends_the_fence_to_fenced_statements_only_and_still
         ("SELECT 1", ("p",)),
     ]
     assert [row async for row in cur] == [{"checkpoint_id": "a"}]
+
+
+def test_the_stores_put_with_a_ttl_keeps_its_nested_parentheses() -> None:
+    from langgraph.store.base import PutOp
+    from langgraph.store.postgres import AsyncPostgresStore
+
+    store = AsyncPostgresStore.__new__(AsyncPostgresStore)
+    store.index_config, store.ttl_config = None, None
+    for ttl in (None, 5.0):
+        ((sql, args),), _ = store._prepare_batch_PUT_queries(
+            [(0, PutOp(("m",), "k", {}, False, ttl))]
+        )
+        ours = fenced_insert(sql)
+        assert "FROM fence WHERE fence.ok" in ours
+        assert "VALUES" not in ours
+        assert ours.count("%s") == len(args) + 2 == sql.count("%s") + 2
+        assert ours.count("(") == ours.count(")")
+        assert ours.strip().endswith("ttl_minutes = EXCLUDED.ttl_minutes")
+
+
+def test_an_insert_of_several_rows_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="one row"):
+        fenced_insert("INSERT INTO t (a) VALUES (%s), (%s)")
