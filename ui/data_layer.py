@@ -88,6 +88,36 @@ ids, so an update never reaches a step of another conversation (Chainlit's would
 The wipe's check is in the statement (graphs.core.fence.STATEMENT_CTE): one statement per step,
 no transaction block (some eight steps per Assistant turn: issue 13)."""
 
+OPEN_STEP_GRACE_S = 1.0
+"""How long a run or tool step just sent may stay unstored. If its worker dies in that time the
+open step is not in the history (its reply and the run's checkpoints are); anything open longer,
+a research topic or a slow tool, is stored as before, and a finished step at once."""
+
+_DEFERRABLE = frozenset({"run", "tool", "llm", "embedding", "retrieval", "rerank", "undefined"})
+"""Chainlit's step types that are not messages."""
+
+
+def _step_params(step_dict: StepDict) -> dict[str, Any]:
+    """_UPSERT_STEP's parameters for a step as Chainlit sends it."""
+    # Stored steps are shown again on every reopen: what is kept is already inert.
+    step_dict = sanitise_step(step_dict)
+    created = step_dict.get("createdAt")
+    timestamp = datetime.strptime(created, ISO_FORMAT) if created else datetime.now()
+    return {
+        "id": step_dict["id"],
+        "thread_id": step_dict.get("threadId"),
+        "parent_id": step_dict.get("parentId"),
+        "input": step_dict.get("input"),
+        "metadata": json.dumps(step_dict.get("metadata", {})),
+        "name": step_dict.get("name"),
+        "output": step_dict.get("output"),
+        "type": step_dict["type"],
+        "time": timestamp,
+        "show_input": str(step_dict.get("showInput", "json")),
+        "is_error": step_dict.get("isError", False),
+    }
+
+
 _DELETE_STEP = """
 WITH step AS (
     SELECT id FROM "Step" WHERE id = %(step_id)s AND "threadId" = %(thread_id)s
@@ -185,6 +215,9 @@ class PostgresDataLayer(ChainlitDataLayer):
         self._pool = pool
         self._on_delete = on_delete
         self.pending = PendingWrites()
+        self._deferred: dict[str, tuple[str | None, asyncio.TimerHandle]] = {}
+        """Open steps waiting to be stored (create_step): step id -> (thread id, timer)."""
+        self._storing: set[asyncio.Task[None]] = set()
 
     async def connect(self) -> None:
         """The shared pool is opened by the app at start-up."""
@@ -283,6 +316,41 @@ class PostgresDataLayer(ChainlitDataLayer):
 
     @queue_until_user_message()
     async def create_step(self, step_dict: StepDict) -> None:
+        """A step as it is sent. A run or tool step that is still open is stored only if it is
+        still open OPEN_STEP_GRACE_S later: most finish sooner (recall, a model call, the turn's
+        own run step), and their update then stores them once (issue 13: three statements fewer
+        per Assistant turn). Messages are stored at once."""
+        params = _step_params(step_dict)
+        if step_dict.get("type") in _DEFERRABLE and not step_dict.get("end"):
+            self._defer(params)
+            return
+        await self._write_step(params)
+
+    @queue_until_user_message()
+    async def update_step(self, step_dict: StepDict) -> None:
+        """A step as it is now: it replaces the stored one (and one waiting to be stored)."""
+        await self._write_step(_step_params(step_dict))
+
+    def _defer(self, params: dict[str, Any]) -> None:
+        step_id = str(params["id"])
+        self._cancel_deferred(step_id)
+        loop = asyncio.get_running_loop()
+        # The callback runs in this task's context: the session's authority (the wipe's fence).
+        handle = loop.call_later(OPEN_STEP_GRACE_S, self._store_deferred, step_id, params)
+        self._deferred[step_id] = (params["thread_id"], handle)
+
+    def _store_deferred(self, step_id: str, params: dict[str, Any]) -> None:
+        if self._deferred.pop(step_id, None) is None:
+            return
+        task = asyncio.create_task(self._write_step(params))
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
+
+    def _cancel_deferred(self, step_id: str) -> None:
+        if (entry := self._deferred.pop(step_id, None)) is not None:
+            entry[1].cancel()
+
+    async def _write_step(self, params: dict[str, Any]) -> None:
         """Chainlit's create_step (and so update_step) as one statement instead of three or four.
 
         Chainlit selects the thread and the parent step first and creates placeholders for
@@ -290,23 +358,7 @@ class PostgresDataLayer(ChainlitDataLayer):
         foreign keys, checked at the end of the statement, see them. A conversation deleted
         in the last day is not brought back: its step fails the thread key and is dropped.
         """
-        # Stored steps are shown again on every reopen: what is kept is already inert.
-        step_dict = sanitise_step(step_dict)
-        created = step_dict.get("createdAt")
-        timestamp = datetime.strptime(created, ISO_FORMAT) if created else datetime.now()
-        params = {
-            "id": step_dict["id"],
-            "thread_id": step_dict.get("threadId"),
-            "parent_id": step_dict.get("parentId"),
-            "input": step_dict.get("input"),
-            "metadata": json.dumps(step_dict.get("metadata", {})),
-            "name": step_dict.get("name"),
-            "output": step_dict.get("output"),
-            "type": step_dict["type"],
-            "time": timestamp,
-            "show_input": str(step_dict.get("showInput", "json")),
-            "is_error": step_dict.get("isError", False),
-        }
+        self._cancel_deferred(str(params["id"]))
         await self.pending.write(f"step {params['id']}", lambda: self._upsert_step(params))
 
     async def _upsert_step(self, params: dict[str, Any]) -> None:
@@ -328,6 +380,7 @@ class PostgresDataLayer(ChainlitDataLayer):
         except ChainlitContextException:
             log.warning("refused: step %s deleted outside a chat session", step_id)
             return
+        self._cancel_deferred(step_id)
         async with self._pool.connection() as conn:
             await conn.execute(_DELETE_STEP, {"step_id": step_id, "thread_id": thread_id})
 
@@ -336,6 +389,9 @@ class PostgresDataLayer(ChainlitDataLayer):
 
         Chainlit calls this after its author check (ours: unknown and foreign look alike).
         """
+        for step_id, (step_thread, _) in list(self._deferred.items()):
+            if step_thread == thread_id:
+                self._cancel_deferred(step_id)
         if self._on_delete is not None:
             await self._on_delete(thread_id)
         await super().delete_thread(thread_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -396,3 +397,49 @@ async def test_a_reply_written_from_outside_a_session_is_stored_once(
     assert thread is not None
     replies = [s["output"] for s in thread["steps"] if s["type"] == "assistant_message"]
     assert replies == ["The plan found Lisbon.", "Something else."]
+
+
+async def test_an_open_run_step_is_stored_once_when_it_finishes_within_the_grace(
+    layer: PostgresDataLayer, persistence: Persistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 0.3)
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    steps_sql = 'SELECT count(*) AS n FROM "Step" WHERE "threadId" = %s'
+    quick = step(thread_id, "", type="run", name="Memory recall")
+    slow = step(thread_id, "", type="tool", name="fetch")
+
+    await layer.create_step(quick)
+    await layer.create_step(slow)
+    assert await count(persistence, steps_sql, thread_id) == 0  # open: not stored yet
+    await layer.update_step({**quick, "output": "Nothing relevant.", "end": quick["createdAt"]})
+    assert await count(persistence, steps_sql, thread_id) == 1  # finished: stored at once
+
+    await asyncio.sleep(0.6)
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    outputs = {s["name"]: s["output"] for s in thread["steps"]}
+    # The quick step's stale "open" copy never overwrote it; the slow one is stored while open.
+    assert outputs == {"Memory recall": "Nothing relevant.", "fetch": ""}
+
+
+async def test_a_step_waiting_to_be_stored_does_not_outlive_its_deletion(
+    layer: PostgresDataLayer, persistence: Persistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 0.2)
+    alice = await new_user(layer, "alice")
+    kept, deleted = await new_thread(layer, alice), await new_thread(layer, alice)
+    init_http_context(thread_id=kept)
+    removed = step(kept, "", type="run")
+    await layer.create_step(removed)
+    await layer.delete_step(removed["id"])
+    init_http_context(thread_id=deleted)
+    await layer.create_step(step(deleted, "", type="run"))
+    await layer.delete_thread(deleted)
+
+    await asyncio.sleep(0.5)
+    steps_sql = 'SELECT count(*) AS n FROM "Step" WHERE "threadId" = %s'
+    assert await count(persistence, steps_sql, kept) == 0
+    assert await count(persistence, steps_sql, deleted) == 0
+    assert layer._deferred == {}
