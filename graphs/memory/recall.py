@@ -70,8 +70,14 @@ once how many results changed): the first pass scored 0.821 / 0.597 with two "no
 relevant" queries answered; these defaults 0.821 / 0.597 with one (13 of 79 results changed,
 as many gained as lost). Word tables and categories tuned on two splits did not carry to new
 users and wording; what might is world knowledge about each fact (a "when this matters" line
-by the memory writer, checked like the fact) or a stronger embedding model, neither measurable
-with the offline stand-in."""
+by the memory writer, checked like the fact), not measurable with the offline stand-in.
+
+Stronger embedding models with their weights in a package (`evals.embedding_sweep`, settings
+chosen on tuning + v1, v2 run once per model; evals/README.md): all-mpnet-base-v2 scored
+tuning + v1 0.893 / 0.894 against MiniLM's 0.864 (cosine alone 0.728 / 0.764 against 0.600),
+but on held-out v2 0.828 / 0.623 in fp32 and 0.757 / 0.688 in int8, against 0.821 / 0.597, at
+12.5-34 ms per query embedding against MiniLM's 4.9 ms; multilingual-e5-small (4-bit) 0.673 /
+0.429 on v2 at 19 ms. Not kept: none reaches the v2 target, and none fits recall's 15 ms p95."""
 _TRIVIAL = re.compile(
     r"^(thanks?|thank you|thx|ty|ok(ay)?|k|cool|great|nice|yes|no|yep|nope|sure|"
     r"hi|hello|hey|bye|good ?(night|morning)|lol|:\)|👍)[\s.!?]*$",
