@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,6 +124,15 @@ def app_server(pg_server_url: str) -> Iterator[AppServer]:
             yield server
         finally:
             server.stop()
+            keep_logs(Path(folder))
+
+
+def keep_logs(folder: Path) -> None:
+    """CAIRN_E2E_LOGS=DIR keeps each server's log (they go with the temporary folder)."""
+    if target := os.environ.get("CAIRN_E2E_LOGS"):
+        Path(target).mkdir(parents=True, exist_ok=True)
+        for log in folder.glob("server-*.log"):
+            shutil.copy(log, Path(target) / log.name)
 
 
 @pytest.fixture(scope="module")
