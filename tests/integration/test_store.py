@@ -247,3 +247,30 @@ async def test_a_short_page_is_the_head_of_the_long_one_with_every_boost(
                 )
                 got = [(i.key, round(i.score or 0.0, 6)) for i in page[0]]
                 assert got == ranking[offset : offset + limit], (message, limit, offset)
+
+
+async def test_a_fenced_one_row_put_writes_as_the_library_does_with_or_without_a_ttl(
+    seeded: Persistence,
+) -> None:
+    """One row without vectors carries the wipe's check in its statement (fence.fenced_insert):
+    what lands is what the library's own put would store, expiry included, and a second put
+    of the key updates it."""
+    from graphs.core import fence
+
+    store = seeded.store
+    namespace = ("memories", "fenced-put-user", "markers")
+    with fence.acting_for(fence.Fence.now("fenced-put-user")):
+        await store.aput(namespace, "plain", {"due_at": 1.0}, index=False)
+        await store.aput(namespace, "plain", {"due_at": 2.0}, index=False)
+        await store.aput(namespace, "expiring", {"due_at": 3.0}, index=False, ttl=5.0)
+    async with seeded.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT key, value, expires_at IS NOT NULL AS expires, ttl_minutes FROM store "
+            "WHERE prefix = %s ORDER BY key",
+            (".".join(namespace),),
+        )
+        rows = await cur.fetchall()
+    assert [(r["key"], r["value"], r["expires"], r["ttl_minutes"]) for r in rows] == [
+        ("expiring", {"due_at": 3.0}, True, 5.0),
+        ("plain", {"due_at": 2.0}, False, None),
+    ]
