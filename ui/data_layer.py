@@ -97,6 +97,17 @@ _DEFERRABLE = frozenset({"run", "tool", "llm", "embedding", "retrieval", "rerank
 """Chainlit's step types that are not messages."""
 
 
+def _open_step(step_dict: StepDict) -> bool:
+    """A run or tool step as Chainlit's Step.send describes it (dated), not yet finished. The
+    undated placeholder Chainlit's create_element makes for an element's missing step is not
+    one: the element's row needs it at once."""
+    return (
+        step_dict.get("type") in _DEFERRABLE
+        and bool(step_dict.get("createdAt"))
+        and not step_dict.get("end")
+    )
+
+
 def _step_params(step_dict: StepDict) -> dict[str, Any]:
     """_UPSERT_STEP's parameters for a step as Chainlit sends it."""
     # Stored steps are shown again on every reopen: what is kept is already inert.
@@ -321,7 +332,7 @@ class PostgresDataLayer(ChainlitDataLayer):
         own run step), and their update then stores them once (issue 13: three statements fewer
         per Assistant turn). Messages are stored at once."""
         params = _step_params(step_dict)
-        if step_dict.get("type") in _DEFERRABLE and not step_dict.get("end"):
+        if _open_step(step_dict):
             self._defer(params)
             return
         await self._write_step(params)

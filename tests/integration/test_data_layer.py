@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import chainlit as cl
 import chainlit.data
 import pytest
 from chainlit.context import init_http_context
@@ -443,3 +444,26 @@ async def test_a_step_waiting_to_be_stored_does_not_outlive_its_deletion(
     assert await count(persistence, steps_sql, kept) == 0
     assert await count(persistence, steps_sql, deleted) == 0
     assert layer._deferred == {}
+
+
+async def test_an_element_for_a_step_waiting_to_be_stored_lands_with_its_step(
+    layer: PostgresDataLayer, persistence: Persistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chainlit's create_element makes a placeholder for a missing step, undated: it is stored
+    at once (the element's row needs it), and the step's own update fills it in later."""
+    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 30.0)
+    alice = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, alice)
+    init_http_context(thread_id=thread_id)
+    tool = step(thread_id, "", type="tool", name="chart")
+    await layer.create_step(tool)
+    element = cl.Text(name="table", content="a | b", for_id=tool["id"])
+    element.thread_id = thread_id
+    await layer.create_element(element)
+
+    elements_sql = 'SELECT count(*) AS n FROM "Element" WHERE "stepId" = %s'
+    assert await count(persistence, elements_sql, tool["id"]) == 1
+    await layer.update_step({**tool, "output": "1 row", "end": tool["createdAt"]})
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None
+    assert [(s["name"], s["output"]) for s in thread["steps"]] == [("chart", "1 row")]
