@@ -8,6 +8,9 @@ Chainlit source and fails, naming the patch to re-check, when an upgrade changes
 
 The patches, in the order `install` applies them:
 
+- event loop: `chainlit run` makes asyncio re-entrant with nest_asyncio, which swaps in
+  pure-Python tasks and futures; Cairn never re-enters the loop, so it serves on uvloop with
+  C tasks instead (`serve_on_fast_loop`).
 - settings: `chainlit_config` and the `CHAINLIT_AUTH_SECRET` / `CHAINLIT_URL` variables from
   Cairn's Settings (`configure_chainlit`).
 - sockets: every socket handler checks its frame first (`guard_socket_events`).
@@ -27,7 +30,12 @@ documented extension point); the Chainlit SQL it copies is pinned by the same te
 
 from __future__ import annotations
 
+import _asyncio
 import asyncio
+import asyncio.events
+import asyncio.futures
+import asyncio.runners
+import asyncio.tasks
 import contextlib
 import fcntl
 import functools
@@ -36,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -586,6 +595,7 @@ def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
 
     Safe to run again in one process: no patch wraps or replaces twice.
     """
+    serve_on_fast_loop()
     configure_chainlit(settings, public_url=public_url, auth_secret=auth_secret)
     route_message_edits(chainlit.server.sio)
     guard_socket_events(chainlit.server.sio)
@@ -595,6 +605,48 @@ def install(*, settings: Settings, public_url: str, auth_secret: str) -> Path:
     chainlit.server.is_thread_author = require_thread_author  # type: ignore[assignment]
     guard_output()
     return folder
+
+
+# --- event loop: C tasks on uvloop instead of nest_asyncio's pure-Python ones ---
+
+
+def serve_on_fast_loop() -> str:
+    """Undo nest_asyncio before Chainlit starts its loop; returns the loop Cairn will serve on.
+
+    chainlit/cli/__init__.py calls `nest_asyncio.apply()` on import so that `cl.run_sync` can
+    re-enter a running loop. To allow that, nest_asyncio replaces asyncio's C `Task` and
+    `Future` with the pure-Python ones, `asyncio.run` and the loop's `_run_once` with its own:
+    every await of every request then runs Python code that is C otherwise. Cairn never calls
+    `run_sync` or re-enters the loop (its graphs and tests run on plain asyncio), so once
+    app.py is loaded (chainlit/cli `run_chainlit`: `load_module`, then `asyncio.run(start())`)
+    this restores asyncio's own functions and sets uvloop's policy, so Chainlit's
+    `asyncio.run` starts a uvloop loop. `python -m bench.ttft`: CPU per turn 25 -> ? ms.
+
+    Does nothing outside `chainlit run` (nest_asyncio not applied) or inside a running loop.
+    Without uvloop (it captures `asyncio.Task` when imported, so it must not have been
+    imported before this), the standard loop still gets the C tasks.
+    """
+    if not getattr(asyncio, "_nest_patched", False):
+        return "unchanged"
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop()
+        return "unchanged"  # too late: the loop is already running
+    asyncio.Task = asyncio.tasks.Task = asyncio.tasks._CTask = _asyncio.Task  # type: ignore[misc,attr-defined]
+    asyncio.Future = asyncio.futures.Future = asyncio.futures._CFuture = _asyncio.Future  # type: ignore[misc,attr-defined]
+    asyncio.events.get_event_loop = asyncio.get_event_loop = _asyncio.get_event_loop
+    asyncio.events._get_event_loop = _asyncio._get_event_loop  # type: ignore[attr-defined]
+    asyncio.run = asyncio.runners.run
+    del asyncio._nest_patched  # type: ignore[attr-defined]
+    if "uvloop" in sys.modules:
+        log.warning("uvloop was imported under nest_asyncio; serving on the standard loop")
+        return "asyncio"
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    logging.getLogger("cairn.runtime").info("serving on uvloop %s", uvloop.__version__)
+    return "uvloop"
 
 
 # --- settings: Cairn's Settings, where Chainlit reads them ---

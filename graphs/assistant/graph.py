@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.store.base import BaseStore
-    from langgraph.types import Durability
 
 MODEL_WINDOW_TOKENS = 6000
 """What the model sees, in approximate tokens; the checkpoint keeps everything."""
@@ -39,11 +38,6 @@ MAX_STATE_MESSAGES = 80
 """Live state keeps the latest messages (whole turns); older ones stay in the thread's checkpoint
 history (get_state_history) and in the conversation record, so turn time and checkpoint bytes
 stay flat however long a thread grows."""
-DURABILITY: Durability = "exit"
-"""Checkpoint a turn once, when its run ends (finished, failed or paused on an interrupt), not
-after every node. `make bench`: ~8 ms and ~5 KB less per turn. A crash mid-turn loses that turn
-(the user sends it again), never the thread; the memory tools' writes are idempotent upserts, so
-redoing a turn is safe. Retry after a model error still resumes from the saved input."""
 TOOL_CALL_BUDGET = 4
 """Tool calls per user message before the model is told to answer with what it has."""
 

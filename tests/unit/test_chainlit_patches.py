@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -649,3 +653,60 @@ async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails(
     with pytest.raises(RuntimeError):
         await failing_run()
     assert signals == ["busy", "run", "idle"]
+
+
+# chainlit/cli applies nest_asyncio when imported, so this runs in a process of its own.
+# asyncio first: importing _asyncio before it leaves current_task() blind (CPython 3.11).
+_UNDER_CHAINLIT_RUN = """
+import asyncio, _asyncio, hashlib, inspect, json
+import chainlit.cli
+from ui.chainlit_patches import serve_on_fast_loop
+
+source = inspect.getsource(chainlit.cli.run_chainlit)
+seen = {
+    "digest": hashlib.sha256(source.encode()).hexdigest()[:16],
+    "nested": asyncio.Task is not _asyncio.Task,
+    "first": serve_on_fast_loop(),
+    "again": serve_on_fast_loop(),
+}
+
+async def main():
+    loop = asyncio.get_running_loop()
+    seen["loop"] = type(loop).__module__
+    seen["c_types"] = [
+        type(asyncio.current_task()) is _asyncio.Task,
+        type(loop.create_future()) is _asyncio.Future,
+        type(asyncio.ensure_future(asyncio.sleep(0))) is _asyncio.Task,
+    ]
+
+asyncio.run(main())
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def test_chainlit_run_serves_on_uvloop_with_c_tasks() -> None:
+    """`chainlit run` loads app.py between `nest_asyncio.apply()` and `asyncio.run(start())`
+    (chainlit/cli `run_chainlit`); the patch undoes the former there."""
+    out = subprocess.run(
+        [sys.executable, "-c", _UNDER_CHAINLIT_RUN],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    ).stdout
+    seen = json.loads(out.split("SEEN ", 1)[1])
+    assert seen["digest"] == "26c539921db00d15", (
+        "chainlit.cli.run_chainlit changed: re-check serve_on_fast_loop in ui/chainlit_patches.py"
+    )
+    assert seen["nested"]  # nest_asyncio's pure-Python tasks were in place
+    assert (seen["first"], seen["again"]) == ("uvloop", "unchanged")
+    assert seen["loop"].startswith("uvloop")
+    assert seen["c_types"] == [True, True, True]
+    assert "serving on uvloop" in out
+
+
+def test_the_loop_patch_leaves_a_process_without_nest_asyncio_alone() -> None:
+    policy = asyncio.get_event_loop_policy()
+    assert chainlit_patches.serve_on_fast_loop() == "unchanged"
+    assert asyncio.get_event_loop_policy() is policy
