@@ -173,9 +173,10 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
     """
     from langchain_core.messages import HumanMessage
 
-    from graphs.assistant.graph import DURABILITY, build_graph
+    from graphs.assistant.graph import build_graph
     from graphs.assistant.offline import offline_assistant
     from graphs.core.context import Context
+    from graphs.core.runs import DURABILITY
 
     graph = build_graph(checkpointer=p.checkpointer, store=p.store, model=offline_assistant())
     ids = [f"bench-{uuid.uuid4()}" for _ in range(threads)]

@@ -26,7 +26,7 @@ from graphs.core import fence, metrics
 from graphs.core.context import Context
 from graphs.core.errors import is_database_outage
 from graphs.core.runlock import ThreadBusy
-from graphs.core.runs import MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
+from graphs.core.runs import DURABILITY, MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
 from graphs.core.timetravel import (
     checkpoint_id,
     latest_checkpoint_id,
@@ -44,10 +44,6 @@ if TYPE_CHECKING:
     from graphs.core.tracing import Tracing
 
 log = logging.getLogger("cairn.turns")
-
-DURABILITY: Literal["async"] = "async"
-"""Every agent checkpoints after every super-step (design notes): a crash loses at most the
-step in flight, and the thread's history shows every step."""
 
 RECURSION_NOTICE = (
     "I went round in circles on that one and stopped. Could you rephrase or break the "

@@ -10,7 +10,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from graphs.core import fence
 
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.runs")
 
+DURABILITY: Literal["async"] = "async"
+"""Every agent checkpoints after every super-step (design notes): a crash loses at most the
+step in flight, and the thread's history shows every step."""
 HEARTBEAT_S = 5.0
 """How often a worker says its runs are alive (one UPDATE for all of them)."""
 STALE_S = 15.0

@@ -12,6 +12,7 @@ from graphs.assistant.graph import build_graph
 from graphs.core.context import Context
 from graphs.core.offline import OfflineChatModel
 from graphs.core.persistence import Persistence
+from graphs.core.runs import DURABILITY
 from graphs.core.saver import CairnSaver
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,7 @@ async def test_checkpoint_reads_match_the_library_saver(persistence: Persistence
             {"messages": [HumanMessage(f"turn {turn}")]},
             config,
             context=context,
-            durability="async",  # as ui/runner.py runs every agent
+            durability=DURABILITY,
         )
     latest = await saver.aget_tuple(config)
     assert latest is not None
