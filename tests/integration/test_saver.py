@@ -60,3 +60,90 @@ async def test_checkpoint_reads_match_the_library_saver(persistence: Persistence
     assert ours[0][5] == [("t-1", "messages", repr("pending"))]
     state = await graph.aget_state(config)
     assert [m.text for m in state.values["messages"][::2]] == [f"turn {n}" for n in range(13)]
+
+
+class _Mirrored(CairnSaver):
+    """Ours, also handing every write to the library's saver under `<thread>-lib`."""
+
+    def __init__(self, pool: Any, library: AsyncPostgresSaver) -> None:
+        super().__init__(pool)
+        self.library = library
+
+    @staticmethod
+    def _lib(config: Any) -> Any:
+        configurable = config["configurable"]
+        return {"configurable": {**configurable, "thread_id": configurable["thread_id"] + "-lib"}}
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        await self.library.aput(self._lib(config), checkpoint, metadata, new_versions)
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        await self.library.aput_writes(self._lib(config), writes, task_id, task_path)
+        await super().aput_writes(config, writes, task_id, task_path)
+
+
+async def _rows(pool: Any, thread_id: str) -> dict[str, list[Any]]:
+    queries = {
+        "checkpoints": "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint::text,"
+        " metadata::text FROM checkpoints WHERE thread_id = %s ORDER BY checkpoint_id",
+        "blobs": "SELECT checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs"
+        " WHERE thread_id = %s ORDER BY channel, version",
+        "writes": "SELECT checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob"
+        " FROM checkpoint_writes WHERE thread_id = %s ORDER BY checkpoint_id, task_id, idx",
+    }
+    async with pool.connection() as conn:
+        found = {}
+        for name, sql in queries.items():
+            rows = await (await conn.execute(sql, (thread_id,))).fetchall()
+            found[name] = [
+                tuple(
+                    v.replace(thread_id, "<thread>") if isinstance(v, str) else v
+                    for v in row.values()  # the pool's rows are dicts
+                )
+                for row in rows
+            ]
+        return found
+
+
+async def test_fenced_writes_store_the_rows_the_library_would(
+    persistence: Persistence,
+) -> None:
+    """The fenced statements store every row the library's would, byte for byte, duplicate
+    special writes included (measured, folding a checkpoint's statements into one with arrays
+    saved nothing measurable, so the library's statements stay)."""
+    pool = persistence.pool
+    saver = _Mirrored(pool, AsyncPostgresSaver(pool))  # type: ignore[arg-type]
+    graph = build_graph(checkpointer=saver, store=persistence.store, model=OfflineChatModel())
+    config: dict[str, Any] = {"configurable": {"thread_id": "mirror"}}
+    context = Context(user_id="saver-u2", thread_id="mirror")
+    for turn in range(12):  # past a DeltaChannel snapshot
+        await graph.ainvoke(
+            {"messages": [HumanMessage(f"turn {turn}")]},
+            config,
+            context=context,
+            durability=DURABILITY,
+        )
+    latest = await saver.aget_tuple(config)
+    assert latest is not None
+    # Two writes to one special channel in one call (one index): upserted, the last one stays;
+    # mixed with a regular channel (insert, do nothing), the first one stays.
+    await saver.aput_writes(latest.config, [("__error__", "first"), ("__error__", "last")], "t-1")
+    await saver.aput_writes(
+        latest.config, [("__error__", "kept"), ("messages", "m"), ("__error__", "dropped")], "t-2"
+    )
+    await saver.aput_writes(latest.config, [], "t-3")
+
+    ours, theirs = await _rows(pool, "mirror"), await _rows(pool, "mirror-lib")
+    assert ours == theirs
+    assert len(ours["checkpoints"]) >= 36
+    assert len({r[1] for r in ours["blobs"]}) >= 2  # channels
+    assert len(ours["writes"]) >= 36
+    errors = {(r[2], r[7]) for r in ours["writes"] if r[5] == "__error__"}
+    serde = saver.serde
+    assert errors == {
+        ("t-1", serde.dumps_typed("last")[1]),
+        ("t-2", serde.dumps_typed("kept")[1]),
+    }
