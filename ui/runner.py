@@ -141,6 +141,8 @@ class AgentSpec:
     stream_modes: tuple[StreamMode, ...] = ("updates",)
     """What the view needs besides `updates` (which the runner always takes, for interrupts)."""
     subgraphs: bool = False
+    """Stream the events of subgraphs too (namespaced); only a view that reads them asks, as
+    each costs the runner a dispatch."""
     recursion_limit: Callable[[], int] = lambda: 25
     recursion_notice: str = RECURSION_NOTICE
     restore: Callable[[StateSnapshot], Awaitable[None]] | None = None
@@ -731,12 +733,12 @@ class Runner:
                 stream_config,
                 context=context,
                 stream_mode=modes,
-                subgraphs=True,
+                subgraphs=spec.subgraphs,
                 durability=DURABILITY,
             )
-            async for namespace, mode, chunk in cast(
-                "AsyncIterator[tuple[tuple[str, ...], str, Any]]", stream
-            ):
+            async for item in cast("AsyncIterator[tuple[Any, ...]]", stream):
+                # (namespace, mode, chunk) with subgraphs; (mode, chunk) from the graph itself.
+                namespace, mode, chunk = item if spec.subgraphs else ((), *item)
                 await _dispatch(view, namespace, mode, chunk, interrupts)
             status = "paused" if interrupts else "done"
         except fence.WriteRefused as exc:
