@@ -283,7 +283,7 @@ async def test_a_new_index_scoring_worse_is_refused(
             await opened(url, tmp_path, STAND_IN, embedding)
         with pytest.raises(reembed.ReembedError):
             await reembed.retire(p.pool)
-        abandoned = await reembed.abandon(p.pool)
+        abandoned = await reembed.abandon(p.pool, configured=embedding)
         assert abandoned.state == "abandoned"
     finally:
         await p.close()
@@ -350,3 +350,82 @@ async def test_a_delete_and_a_forget_landing_while_a_batch_is_embedded_win(
         assert await ana.get("kid") is None
     finally:
         await p.close()
+
+
+PASSING = {"precision": 0.9, "recall": 0.9}
+
+
+async def test_the_new_index_is_not_ready_while_it_misses_a_live_item(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    table = vectors_table_for(target.name, target.dims)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    try:
+        for key, content in FACTS_BY_USER["cy"]:
+            await put(p.store, "cy", key, content)
+        # Forgotten, not swept yet: never carried over, and not missing either.
+        await p.store.aput(
+            (ROOT, user_label("cy"), TOMBSTONES),
+            "t1",
+            {"key": "book", "fact": "reads science fiction", "at": "", "reason": "test"},
+            index=False,
+        )
+        await reembed.begin(p.pool, STAND_IN, target)
+        assert (await reembed.backfill(p.pool, target)).state == "backfilled"
+        # A worker not restarted since `begin` writes only the old index: a new fact, and a
+        # changed one whose new vector is now out of date.
+        stale = open_store(p.pool, VectorPlan(VectorIndex(DEFAULT_TABLE, STAND_IN)))
+        await put(stale, "cy", "coffee", "takes coffee black")
+        await put(stale, "cy", "travel", "prefers night trains to planes")
+
+        with pytest.raises(reembed.ReembedError, match=r"2 live item\(s\).*run` again"):
+            await reembed.record_eval(p.pool, PASSING, PASSING)
+        assert (await reembed.progress(p.pool)).state == "backfilled"
+        with pytest.raises(EmbeddingModelChanged, match="not ready"):
+            await opened(url, tmp_path, target, STAND_IN)
+
+        await reembed.backfill(p.pool, target)  # what `run` again does: catches them up
+        assert await reembed.record_eval(p.pool, PASSING, PASSING) is True
+        assert (await reembed.progress(p.pool)).state == "ready"
+        vectors = await new_index_keys(p, table)
+        assert (prefix("cy"), "book") not in vectors
+        assert vectors[(prefix("cy"), "travel")] == pytest.approx(
+            target.embeddings.embed_query("prefers night trains to planes"), abs=1e-5
+        )
+    finally:
+        await p.close()
+
+
+async def test_abandoning_is_refused_once_reads_have_switched(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    table = vectors_table_for(target.name, target.dims)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    try:
+        for key, content in FACTS_BY_USER["ben"]:
+            await put(p.store, "ben", key, content)
+        await reembed.begin(p.pool, STAND_IN, target)
+        await reembed.backfill(p.pool, target)
+        assert await reembed.record_eval(p.pool, PASSING, PASSING) is True
+    finally:
+        await p.close()
+
+    # Workers configured with the new model now read the new index.
+    switched = await opened(url, tmp_path, target, STAND_IN)
+    try:
+        assert switched.vectors is not None
+        assert switched.vectors.read.table == table
+        with pytest.raises(reembed.ReembedError, match=r"switched.*test:hash-stand-in again"):
+            await reembed.abandon(switched.pool, configured=target)
+        assert (await reembed.progress(switched.pool)).state == "ready"
+        found = await ScopedMemory(switched.store, "ben").search("cello", limit=5, threshold=-1)
+        assert "music" in [m.key for m in found]  # its index is still there
+        # Configured back with the current model (and restarted): abandoning is allowed.
+        abandoned = await reembed.abandon(switched.pool, configured=STAND_IN)
+        assert abandoned.state == "abandoned"
+    finally:
+        await switched.close()
