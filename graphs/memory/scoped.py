@@ -266,7 +266,15 @@ class ScopedMemory:
         confidence: float,
         stated: bool,
     ) -> None:
-        """Upsert by stable key. Callers validate first (graphs.memory.policy) and hold the lock."""
+        """Upsert by stable key. Callers validate first (graphs.memory.policy) and hold the lock.
+
+        An update keeps when the memory was last recalled: an edit, a job's update or a
+        `remember` of the same key is the same memory, used as recently as before. Read under
+        the caller's lock, so no forget lands in between; a recall stamping the item in that
+        one round trip is lost, and the memory shows the stamp before it.
+        """
+        ns = self._ns(self.kind_for(key))
+        current = await self._store.aget(ns, key, refresh_ttl=False)
         value = {
             "content": content,
             "category": category,
@@ -275,7 +283,9 @@ class ScopedMemory:
             "confidence": confidence,
             "stated": stated,
         }
-        await self._store.aput(self._ns(self.kind_for(key)), key, value)
+        if current is not None and current.value.get(LAST_RECALLED):
+            value[LAST_RECALLED] = current.value[LAST_RECALLED]
+        await self._store.aput(ns, key, value)
 
     async def mark_recalled(self, keys: list[str], *, at: str | None = None) -> int:
         """Stamp when these memories were last recalled; a memory deleted meanwhile stays deleted.

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
-from langchain_core.messages import HumanMessage
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages.tool import tool_call
 
 from graphs.assistant.graph import build_graph
 from graphs.assistant.offline import offline_assistant
 from graphs.core.context import Context
 from graphs.core.persistence import Persistence
+from graphs.memory.manage import edit_memory
 from graphs.memory.recall import recall, stamps_settled
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.situations import Boosts, situations_for
+from graphs.memory.writer import write_memories
+from tests.fakes import ScriptedChatModel
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +80,92 @@ async def test_a_turn_stamps_what_it_recalled_without_touching_the_fact(
     assert after["guitar"].last_recalled_at is None  # not recalled, not stamped
     for key, m in after.items():
         assert (m.content, m.updated_at) == (before[key].content, before[key].updated_at)
+
+
+STAMPED = "2026-11-30T08:00:00+00:00"
+
+
+async def say(
+    persistence: Persistence, user: str, text: str, model: BaseChatModel | None = None
+) -> str:
+    """One turn in a new thread; returns the thread."""
+    thread = f"thread-{uuid.uuid4()}"
+    graph = build_graph(
+        checkpointer=persistence.checkpointer,
+        store=persistence.store,
+        model=model or offline_assistant(),
+    )
+    await graph.ainvoke(
+        {"messages": [HumanMessage(text)]},
+        {"configurable": {"thread_id": thread}},
+        context=Context(user_id=user, thread_id=thread),
+    )
+    await stamps_settled()
+    return thread
+
+
+async def edited(persistence: Persistence, mine: ScopedMemory) -> None:
+    await edit_memory(mine, "home_city", "User lives in Bengaluru")
+
+
+async def updated_by_a_job(persistence: Persistence, mine: ScopedMemory) -> None:
+    thread = await say(persistence, mine.user_id, "I moved from Pune to Bengaluru")
+    graph = build_graph(
+        checkpointer=persistence.checkpointer,
+        store=persistence.store,
+        model=offline_assistant(),
+    )
+
+    async def load_messages(thread_id: str) -> list[BaseMessage]:
+        state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+        return list(state.values["messages"])
+
+    report = await write_memories(
+        store=persistence.store,
+        model=offline_assistant(),
+        load_messages=load_messages,
+        user_id=mine.user_id,
+        thread_id=thread,
+        run_id="t",
+    )
+    assert report.written == ["home_city"]
+
+
+async def remembered(persistence: Persistence, mine: ScopedMemory) -> None:
+    # The inferred fact, restated and asked for: written again, as stated, under its key.
+    call = tool_call(
+        name="remember", args={"fact": "User lives in Pune", "category": "profile"}, id="c1"
+    )
+    model = ScriptedChatModel([AIMessage("", tool_calls=[call]), "Noted."])
+    await say(persistence, mine.user_id, "Please remember that I live in Pune", model)
+
+
+@pytest.mark.parametrize("update", [edited, updated_by_a_job, remembered])
+async def test_an_update_of_a_memory_keeps_when_it_was_last_used(
+    persistence: Persistence,
+    update: Callable[[Persistence, ScopedMemory], Awaitable[None]],
+) -> None:
+    mine = ScopedMemory(persistence.store, f"user-{uuid.uuid4()}")
+    await mine.put(
+        "home_city",
+        content="User lives in Pune",
+        category="profile",
+        source={},
+        confidence=0.6,
+        stated=False,
+    )
+    assert await mine.mark_recalled(["home_city"], at=STAMPED) == 1
+    before = await mine.get("home_city")
+    assert before is not None
+
+    await update(persistence, mine)
+
+    now = await mine.get("home_city")
+    assert now is not None
+    assert (now.stated, now.updated_at > before.updated_at) == (True, True)  # rewritten
+    assert now.last_recalled_at is not None
+    # Recalled again by the turn that asked for the update, or not: never wiped.
+    assert now.last_recalled_at >= STAMPED
 
 
 async def test_a_stamp_after_a_forget_does_not_bring_the_memory_back(

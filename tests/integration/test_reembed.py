@@ -1,7 +1,8 @@
 """Re-embedding the store with another model on a real Postgres: stand-in -> MiniLM, end to end.
 
-Deletes and forgets land between backfill batches; the backfill is stopped and resumed; the
-recall eval gates the switch; retiring leaves a database that starts like a fresh install.
+Deletes and forgets land between backfill batches and inside one (while it is embedded); the
+backfill is stopped and resumed; the recall eval gates the switch; retiring leaves a database
+that starts like a fresh install.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from graphs.core.embeddings import (
 from graphs.core.persistence import Persistence, make_pool, open_persistence, open_store
 from graphs.core.settings import Settings
 from graphs.memory import reembed
+from graphs.memory.manage import forget_key
 from graphs.memory.scoped import FACTS, ROOT, TOMBSTONES, ScopedMemory, user_label
 from tests.conftest import create_database
 
@@ -37,16 +40,33 @@ STAND_IN_DIMS = 48
 class StandIn(Embeddings):
     """Deterministic vectors from a hash of the text: no meaning at all, another dimension."""
 
+    def __init__(self, dims: int = STAND_IN_DIMS) -> None:
+        self.dims = dims
+
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return [self._vector(text) for text in texts]
 
     def embed_query(self, text: str) -> list[float]:
         return self._vector(text)
 
-    @staticmethod
-    def _vector(text: str) -> list[float]:
+    def _vector(self, text: str) -> list[float]:
         rng = random.Random(hashlib.sha256(text.encode()).digest())
-        return Vector(rng.gauss(0, 1) for _ in range(STAND_IN_DIMS))
+        return Vector(rng.gauss(0, 1) for _ in range(self.dims))
+
+
+class Interrupted(StandIn):
+    """A stand-in whose next embedding call first lets `meanwhile` run: what lands while the
+    model embeds a batch, between the batch's read and its write."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__(dims)
+        self.meanwhile: Callable[[], Awaitable[None]] | None = None
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        if self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            await meanwhile()
+        return self.embed_documents(texts)
 
 
 STAND_IN = EmbeddingSpec("test:hash-stand-in", STAND_IN_DIMS, StandIn())
@@ -263,7 +283,7 @@ async def test_a_new_index_scoring_worse_is_refused(
             await opened(url, tmp_path, STAND_IN, embedding)
         with pytest.raises(reembed.ReembedError):
             await reembed.retire(p.pool)
-        abandoned = await reembed.abandon(p.pool)
+        abandoned = await reembed.abandon(p.pool, configured=embedding)
         assert abandoned.state == "abandoned"
     finally:
         await p.close()
@@ -273,3 +293,139 @@ async def test_a_new_index_scoring_worse_is_refused(
         assert p.vectors.mirror is None
     finally:
         await p.close()
+
+
+async def test_a_delete_and_a_forget_landing_while_a_batch_is_embedded_win(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    model = Interrupted(dims=32)
+    target = EmbeddingSpec("test:interrupted-stand-in", 32, model)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    for user, facts in FACTS_BY_USER.items():
+        for key, content in facts:
+            await put(p.store, user, key, content)
+    await reembed.begin(p.pool, STAND_IN, target)
+    await p.close()
+    p = await opened(url, tmp_path, STAND_IN, target)  # a worker writing both indexes
+    try:
+        ana = ScopedMemory(p.store, "ana")
+
+        async def meanwhile() -> None:
+            # The first batch is ana's first three keys: bike, kid, lactose. Read, and now
+            # being embedded: one is deleted, one forgotten on the memory page.
+            await ana.delete("bike")
+            await forget_key(ana, "kid")
+
+        model.meanwhile = meanwhile
+        stop = asyncio.Event()
+
+        async def first_batch_only(_now: reembed.Progress) -> None:
+            stop.set()
+
+        stopped = await reembed.backfill(
+            p.pool, target, batch_size=3, stop=stop, after_batch=first_batch_only
+        )
+        assert model.meanwhile is None  # it ran, inside the first batch
+        assert (stopped.state, stopped.copied) == ("copying", 1)  # lactose alone
+        done = await reembed.backfill(p.pool, target, batch_size=3)
+        assert done.state == "backfilled"
+        again = await reembed.backfill(p.pool, target, batch_size=3)
+        assert (again.state, again.copied, again.skipped, again.caught_up) == (
+            done.state,
+            done.copied,
+            done.skipped,
+            done.caught_up,
+        )
+
+        vectors = await new_index_keys(p, vectors_table_for(target.name, target.dims))
+        expected = {
+            (prefix(user), key)
+            for user, facts in FACTS_BY_USER.items()
+            for key, _ in facts
+            if (user, key) not in {("ana", "bike"), ("ana", "kid")}
+        }
+        assert set(vectors) == expected
+        assert await ana.get("bike") is None
+        assert await ana.get("kid") is None
+    finally:
+        await p.close()
+
+
+PASSING = {"precision": 0.9, "recall": 0.9}
+
+
+async def test_the_new_index_is_not_ready_while_it_misses_a_live_item(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    table = vectors_table_for(target.name, target.dims)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    try:
+        for key, content in FACTS_BY_USER["cy"]:
+            await put(p.store, "cy", key, content)
+        # Forgotten, not swept yet: never carried over, and not missing either.
+        await p.store.aput(
+            (ROOT, user_label("cy"), TOMBSTONES),
+            "t1",
+            {"key": "book", "fact": "reads science fiction", "at": "", "reason": "test"},
+            index=False,
+        )
+        await reembed.begin(p.pool, STAND_IN, target)
+        assert (await reembed.backfill(p.pool, target)).state == "backfilled"
+        # A worker not restarted since `begin` writes only the old index: a new fact, and a
+        # changed one whose new vector is now out of date.
+        stale = open_store(p.pool, VectorPlan(VectorIndex(DEFAULT_TABLE, STAND_IN)))
+        await put(stale, "cy", "coffee", "takes coffee black")
+        await put(stale, "cy", "travel", "prefers night trains to planes")
+
+        with pytest.raises(reembed.ReembedError, match=r"2 live item\(s\).*run` again"):
+            await reembed.record_eval(p.pool, PASSING, PASSING)
+        assert (await reembed.progress(p.pool)).state == "backfilled"
+        with pytest.raises(EmbeddingModelChanged, match="not ready"):
+            await opened(url, tmp_path, target, STAND_IN)
+
+        await reembed.backfill(p.pool, target)  # what `run` again does: catches them up
+        assert await reembed.record_eval(p.pool, PASSING, PASSING) is True
+        assert (await reembed.progress(p.pool)).state == "ready"
+        vectors = await new_index_keys(p, table)
+        assert (prefix("cy"), "book") not in vectors
+        assert vectors[(prefix("cy"), "travel")] == pytest.approx(
+            target.embeddings.embed_query("prefers night trains to planes"), abs=1e-5
+        )
+    finally:
+        await p.close()
+
+
+async def test_abandoning_is_refused_once_reads_have_switched(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    table = vectors_table_for(target.name, target.dims)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    try:
+        for key, content in FACTS_BY_USER["ben"]:
+            await put(p.store, "ben", key, content)
+        await reembed.begin(p.pool, STAND_IN, target)
+        await reembed.backfill(p.pool, target)
+        assert await reembed.record_eval(p.pool, PASSING, PASSING) is True
+    finally:
+        await p.close()
+
+    # Workers configured with the new model now read the new index.
+    switched = await opened(url, tmp_path, target, STAND_IN)
+    try:
+        assert switched.vectors is not None
+        assert switched.vectors.read.table == table
+        with pytest.raises(reembed.ReembedError, match=r"switched.*test:hash-stand-in again"):
+            await reembed.abandon(switched.pool, configured=target)
+        assert (await reembed.progress(switched.pool)).state == "ready"
+        found = await ScopedMemory(switched.store, "ben").search("cello", limit=5, threshold=-1)
+        assert "music" in [m.key for m in found]  # its index is still there
+        # Configured back with the current model (and restarted): abandoning is allowed.
+        abandoned = await reembed.abandon(switched.pool, configured=STAND_IN)
+        assert abandoned.state == "abandoned"
+    finally:
+        await switched.close()

@@ -15,7 +15,7 @@ vectors table keyed by the model (`store_vectors_<hash>`, the same shape as lang
    and facts matching the user's forget records are never carried over.
 3. `compare` runs the recall eval (evals/) with the current model and on the new index; the
    new index is marked ready only if it scores at least as well (precision and recall at
-   recall's defaults).
+   recall's defaults) and holds a current vector of every live item of the current index.
 4. Reads switch by the setting: a worker configured with the new model reads the new index
    (writing the old one too, so switching back is a restart) once it is ready, and refuses to
    start before.

@@ -158,10 +158,11 @@ async def amain(argv: list[str] | None = None) -> int:
             print(json.dumps(await read_record(pool), indent=2))
             return 0
         if args.command in ("retire", "abandon"):
+            configured = build_embeddings(settings)
             if args.command == "abandon":
-                done = await abandon(pool)
+                done = await abandon(pool, configured=configured)
             else:
-                done = await _retire_switched(pool, build_embeddings(settings))
+                done = await _retire_switched(pool, configured)
             print(f"{done.target}: {done.state}. Restart the app's workers.")
             return 0
         stop = asyncio.Event()

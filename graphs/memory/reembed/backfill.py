@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphs.core.embeddings import DEFAULT_TABLE
 from graphs.core.persistence import INDEX_FIELDS
 from graphs.core.store import vector_texts
-from graphs.memory.policy import Tombstone, is_tombstoned
+from graphs.memory.reembed.coverage import (
+    IN_OLD_INDEX,
+    STALE_BATCH,
+    forget_records,
+    is_forgotten,
+    select_after,
+)
 from graphs.memory.reembed.state import Progress, ReembedError, active, set_state
-from graphs.memory.scoped import MEMORY_KINDS, ROOT, TOMBSTONES
 
 if TYPE_CHECKING:
     from graphs.core.embeddings import EmbeddingSpec
@@ -23,25 +26,10 @@ if TYPE_CHECKING:
 BATCH_SIZE = 64
 """Items per batch: one embedding call and one transaction."""
 
-_MEMORY_PREFIX = re.compile(rf"^{ROOT}\.([^.]+)\.({'|'.join(MEMORY_KINDS)})$")
-
-_IN_OLD_INDEX = (
-    f"EXISTS (SELECT 1 FROM {DEFAULT_TABLE} v WHERE v.prefix = s.prefix AND v.key = s.key)"  # noqa: S608 (constants only)
-)
 _COPY_BATCH = (
     "SELECT s.prefix, s.key, s.value, s.updated_at FROM store s"  # noqa: S608 (constants only)
-    f" WHERE {_IN_OLD_INDEX} AND (%(after_prefix)s::text IS NULL"
+    f" WHERE {IN_OLD_INDEX} AND (%(after_prefix)s::text IS NULL"
     " OR (s.prefix, s.key) > (%(after_prefix)s, %(after_key)s))"
-    " ORDER BY s.prefix, s.key LIMIT %(limit)s"
-)
-# Items whose new vector is missing or older than the item: written by a worker that did not
-# write both indexes yet (or whose second write failed).
-_STALE_BATCH = (
-    "SELECT s.prefix, s.key, s.value, s.updated_at FROM store s"  # noqa: S608 (constants only)
-    f" WHERE {_IN_OLD_INDEX} AND (%(after_prefix)s::text IS NULL"
-    " OR (s.prefix, s.key) > (%(after_prefix)s, %(after_key)s))"
-    " AND NOT EXISTS (SELECT 1 FROM {table} n WHERE n.prefix = s.prefix AND n.key = s.key"
-    " AND n.updated_at >= s.updated_at)"
     " ORDER BY s.prefix, s.key LIMIT %(limit)s"
 )
 # Written only if the item still exists as it was read (locked until commit): a delete, a
@@ -137,7 +125,7 @@ async def _backfill(
 async def _count(pool: Pool) -> None:
     async with pool.connection() as conn:
         await conn.execute(
-            f"UPDATE cairn_reembed SET total = (SELECT count(*) FROM store s WHERE {_IN_OLD_INDEX})"  # noqa: S608
+            f"UPDATE cairn_reembed SET total = (SELECT count(*) FROM store s WHERE {IN_OLD_INDEX})"  # noqa: S608
             " WHERE state = 'copying' AND target = (SELECT value->'next'->>'name'"
             " FROM cairn_meta WHERE key = 'embedding')"
         )
@@ -158,7 +146,7 @@ async def _pass(
     after: tuple[str, str] | None = None
     if kind == "copy" and state.copied + state.skipped:
         after = await _cursor(pool)
-    select = (_COPY_BATCH if kind == "copy" else _STALE_BATCH).replace("{table}", table)
+    select = (_COPY_BATCH if kind == "copy" else STALE_BATCH).replace("{table}", table)
     while not stop.is_set():
         batch = await _run_batch(pool, target, table, select, after, batch_size, kind)
         if not batch.rows:
@@ -190,18 +178,11 @@ async def _run_batch(
     batch_size: int,
     kind: str,
 ) -> _Batch:
-    params = {
-        "after_prefix": after[0] if after else None,
-        "after_key": after[1] if after else None,
-        "limit": batch_size,
-    }
-    async with pool.connection() as conn:
-        cur = await conn.execute(select, params)
-        rows = [dict(r) for r in await cur.fetchall()]
+    rows = await select_after(pool, select, after, batch_size)
     if not rows:
         return _Batch(rows, 0, 0)
-    forgotten = await _tombstones(pool, rows)
-    keep = [r for r in rows if not _is_forgotten(r, forgotten)]
+    forgotten = await forget_records(pool, rows)
+    keep = [r for r in rows if not is_forgotten(r, forgotten)]
     texts = [(r, name, text) for r in keep for name, text in vector_texts(INDEX_FIELDS, r["value"])]
     vectors = await target.embeddings.aembed_documents([t for *_, t in texts]) if texts else []
     put = _PUT_IF_UNCHANGED.replace("{table}", table)
@@ -241,29 +222,3 @@ async def _run_batch(
 def _vector_text(vector: list[float]) -> str:
     """pgvector's text form; the batch travels as arrays of these, cast in the statement."""
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
-
-
-async def _tombstones(pool: Pool, rows: list[dict[str, Any]]) -> dict[str, list[Tombstone]]:
-    """The forget records of every user whose memories are in the batch, by user label."""
-    labels = {m[1] for r in rows if (m := _MEMORY_PREFIX.match(r["prefix"]))}
-    if not labels:
-        return {}
-    prefixes = [f"{ROOT}.{label}.{TOMBSTONES}" for label in labels]
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT prefix, value FROM store WHERE prefix = ANY(%s)", (prefixes,)
-        )
-        found: dict[str, list[Tombstone]] = {label: [] for label in labels}
-        for row in await cur.fetchall():
-            label = row["prefix"].split(".")[1]
-            value = row["value"]
-            found[label].append(Tombstone(key=value.get("key"), fact=value.get("fact")))
-    return found
-
-
-def _is_forgotten(row: dict[str, Any], forgotten: dict[str, list[Tombstone]]) -> bool:
-    match = _MEMORY_PREFIX.match(row["prefix"])
-    if match is None or not forgotten.get(match[1]):
-        return False
-    content = str(row["value"].get("content", ""))
-    return is_tombstoned(key=row["key"], content=content, tombstones=forgotten[match[1]])

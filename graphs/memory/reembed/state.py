@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from graphs.core.embeddings import DEFAULT_TABLE, EmbeddingSpec, vectors_table_for
+from graphs.memory.reembed.coverage import uncovered
 
 if TYPE_CHECKING:
     from graphs.core.pool import Pool
@@ -200,12 +201,23 @@ def verdict(current: dict[str, float], new: dict[str, float]) -> bool:
 
 
 async def record_eval(pool: Pool, current: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Store the eval's figures; mark the new index ready (reads may switch) if it passed."""
+    """Store the eval's figures; mark the new index ready (reads may switch) if it passed and
+    it holds a current vector of every live item of the current index (else refuse: reads
+    switched to it would miss those items)."""
     state = await active(pool)
     if state.state not in ("backfilled", "ready", "refused"):
         msg = f"the backfill is not finished ({state.line()}): run it to the end first"
         raise ReembedError(msg)
     passed = verdict(current, new)
+    if passed and (missing := await uncovered(pool, state.table)):
+        prefix, key = missing[0]
+        msg = (
+            f"the new index lacks a current vector of {len(missing)} live item(s) (the first: "
+            f"{key!r} in {prefix}): written since by a worker not restarted after the "
+            "re-embedding began, or a write to the new index failed. Run "
+            "`python -m graphs.memory.reembed run` again to catch them up"
+        )
+        raise ReembedError(msg)
     await set_state(
         pool, "ready" if passed else "refused", eval_result={"current": current, "new": new}
     )
@@ -254,9 +266,20 @@ async def retire(pool: Pool) -> Progress:
     return await _finished(pool, state.target)
 
 
-async def abandon(pool: Pool) -> Progress:
-    """Drop the new index and forget the re-embedding (before any worker reads from it)."""
+async def abandon(pool: Pool, *, configured: EmbeddingSpec) -> Progress:
+    """Drop the new index and forget the re-embedding (before any worker reads from it).
+
+    configured: the app's embedding model. Configured with the new one, once it is ready,
+    workers read the new index: dropping it then would leave them with no index at all.
+    """
     state = await active(pool)
+    if state.state == "ready" and (configured.name, configured.dims) == (state.target, state.dims):
+        msg = (
+            f"reads have switched to the new index (the app is configured with {state.target}): "
+            f"configure it with {state.source['name']} again and restart every worker before "
+            "abandoning, or finish with `retire`"
+        )
+        raise ReembedError(msg)
     async with pool.connection() as conn, conn.transaction():
         await conn.execute(f"DROP TABLE IF EXISTS {state.table}")
         await set_next(conn, None)
