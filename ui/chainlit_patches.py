@@ -24,7 +24,9 @@ The patches, in the order `install` applies them:
 And helpers for code that must reach Chainlit's internals: `exit_if_startup_fails` (Chainlit
 swallows a failed start-up), `mount_before_catch_all` (routes before Chainlit's catch-all),
 `task_signals` (the busy/idle signals action callbacks lack), `disconnect_user_sockets`
-(Chainlit's socket registry) and `write_assistant_message` (Chainlit's Step table). ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
+and `enter_live_session` (Chainlit's socket registry and context) and `write_assistant_message`
+(Chainlit's Step table). ui/surface.py's `Reply` subclasses Chainlit's Message (streaming, send,
+update, remove), pinned by the same test. ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
 documented extension point); the Chainlit SQL it copies is pinned by the same test.
 """
 
@@ -943,6 +945,30 @@ async def disconnect_user_sockets(user_id: str) -> int:
             await chainlit.server.sio.disconnect(session.socket_id)
             ended += 1
     return ended
+
+
+def enter_live_session(*, thread_id: str, user_id: str) -> bool:
+    """Make the user's open chat of that conversation on this worker, if any, the current
+    Chainlit context (so a resumed run streams into it); returns whether there was one.
+
+    Chainlit looks sessions up by socket id only (session.py `ws_sessions_id`) and sets the
+    context from a socket event (context.py `init_ws_context`); a run resumed by the server
+    has no event.
+    """
+    session = next(
+        (
+            s
+            for s in list(ws_sessions_id.values())
+            if isinstance(s, WebsocketSession)
+            and s.thread_id == thread_id
+            and getattr(s.user, "identifier", None) == user_id
+        ),
+        None,
+    )
+    if session is None:
+        return False
+    init_ws_context(session)
+    return True
 
 
 _ASSISTANT_STEP = (

@@ -63,3 +63,24 @@ async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
 def plain(text: str) -> str:
     """Markdown-escaped: a fact's text shows as typed, never as a link or an image."""
     return _MARKDOWN_RE.sub(r"\\\1", " ".join(text.split()))
+
+
+CATEGORY_LABELS: dict[str, str] = {
+    "profile": "Profile",
+    "preference": "Preferences",
+    "fact": "Facts",
+    "relationship": "Relationships",
+    "work": "Work",
+    "health": "Health (sensitive)",
+    "religion": "Religion (sensitive)",
+    "politics": "Politics (sensitive)",
+    "sexuality": "Sexuality (sensitive)",
+    "finance_sensitive": "Finance (sensitive)",
+    "other": "Other",
+}
+"""What the page calls each category of graphs/memory/policy.py (a test keeps them in step)."""
+
+
+def category_label(key: str) -> str:
+    """The page's name for a category key; a key the policy does not know reads as "Other"."""
+    return CATEGORY_LABELS.get(key, CATEGORY_LABELS["other"])

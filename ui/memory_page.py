@@ -32,6 +32,7 @@ from graphs.memory.manage import (
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
 from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
+from ui.memory_note import CATEGORY_LABELS, category_label
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
@@ -90,28 +91,9 @@ WIPE_PHRASE = "delete my data"
 PAUSED = "paused"
 SAVED = "saved"
 
-CATEGORY_LABELS: dict[str, str] = {
-    "profile": "Profile",
-    "preference": "Preferences",
-    "fact": "Facts",
-    "relationship": "Relationships",
-    "work": "Work",
-    "health": "Health (sensitive)",
-    "religion": "Religion (sensitive)",
-    "politics": "Politics (sensitive)",
-    "sexuality": "Sexuality (sensitive)",
-    "finance_sensitive": "Finance (sensitive)",
-    "other": "Other",
-}
-"""What the page calls each category of graphs/memory/policy.py (a test keeps them in step)."""
 
 NO_NAME = "Your account"
 """Shown when the login carried no name: never the raw account id."""
-
-
-def category_label(key: str) -> str:
-    """The page's name for a category key; a key the policy does not know reads as "Other"."""
-    return CATEGORY_LABELS.get(key, CATEGORY_LABELS["other"])
 
 
 _runtime_source: Callable[[], AppRuntime] | None = None

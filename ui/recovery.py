@@ -7,10 +7,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from chainlit.context import init_ws_context
-from chainlit.session import WebsocketSession, ws_sessions_id
-
 from graphs.core import fence
+from ui.chainlit_patches import enter_live_session
 from ui.data_layer import append_message
 from ui.surface import ChatSurface, HeadlessSurface
 
@@ -22,20 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.runs")
 
 SWEEP_S = 5.0
-
-
-def _live_session(run: StrandedRun) -> WebsocketSession | None:
-    """The user's open chat of that conversation on this worker, if any."""
-    return next(
-        (
-            s
-            for s in list(ws_sessions_id.values())
-            if isinstance(s, WebsocketSession)
-            and s.thread_id == run.thread_id
-            and getattr(s.user, "identifier", None) == run.user_id
-        ),
-        None,
-    )
 
 
 class StoredSurface(HeadlessSurface):
@@ -61,8 +45,7 @@ async def resume(runner: Runner, pool: Pool, run: StrandedRun) -> RunOutcome:
     Authorised from now (graphs.core.fence): if the user's data is wiped meanwhile, the rest
     of the run and the reply written for it are refused."""
     fence.adopt(fence.Fence.now(run.user_id))
-    if (session := _live_session(run)) is not None:
-        init_ws_context(session)
+    if enter_live_session(thread_id=run.thread_id, user_id=run.user_id):
         return await runner.resume_stranded(run, ChatSurface(signals_task=True))
     outcome = await runner.resume_stranded(run, StoredSurface(pool, run.thread_id))
     if outcome.reply:

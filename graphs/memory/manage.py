@@ -99,7 +99,7 @@ async def forget_key(memory: ScopedMemory, key: str) -> None:
         current = await memory.get(key)
         if current is None:
             raise MemoryNotFound(key)
-        await memory._forget_unlocked(current, reason="deleted on the memory page")
+        await memory.forget_unlocked(current, reason="deleted on the memory page")
 
 
 async def answer_suggestion(memory: ScopedMemory, key: str, *, accept: bool) -> Memory | None:
@@ -115,7 +115,7 @@ async def answer_suggestion(memory: ScopedMemory, key: str, *, accept: bool) -> 
         if not accept:
             # Tombstone the fact only (no key): a stored memory under the same key stays.
             stand_in = Memory("", content, category, "", {}, 0.0, stated=True)
-            await memory._forget_unlocked(stand_in, reason="suggestion rejected")
+            await memory.forget_unlocked(stand_in, reason="suggestion rejected")
             return None
         source = {**dict(suggestion.get("source") or {}), "confirmed_at": now_iso()}
         await memory.put(
@@ -130,7 +130,7 @@ async def forget_thread_memories(memory: ScopedMemory, thread_id: str) -> int:
     forgotten = 0
     for item in await memory.all_memories():
         if item.source.get("thread_id") == thread_id:
-            await memory._forget_unlocked(item, reason=f"conversation {thread_id} deleted")
+            await memory.forget_unlocked(item, reason=f"conversation {thread_id} deleted")
             forgotten += 1
     for suggestion in await memory.suggestions():
         source: dict[str, Any] = dict(suggestion.get("source") or {})

@@ -326,9 +326,9 @@ class ScopedMemory:
     async def forget(self, memory: Memory, *, reason: str) -> None:
         """Delete the item and record its tombstone together, under the user lock."""
         async with self.locked():
-            await self._forget_unlocked(memory, reason=reason)
+            await self.forget_unlocked(memory, reason=reason)
 
-    async def _forget_unlocked(self, memory: Memory, *, reason: str) -> None:
+    async def forget_unlocked(self, memory: Memory, *, reason: str) -> None:
         fact = normalise_fact(memory.content)
         key = memory.key or None
         tombstone = {"key": key, "fact": fact, "at": now_iso(), "reason": reason}

@@ -103,3 +103,25 @@ def test_recall_lists_the_facts_it_used_each_linking_to_the_memory_page():
     assert "- [Allergic to peanuts](/memory#memory-k%2F1)" in text
     assert "](http://e)" not in text  # a fact's text is shown as typed, never as a link
     assert recall_output([]) == "Nothing relevant."
+
+
+async def test_the_sensitive_memory_question_names_the_category_as_people_read_it(monkeypatch):
+    asked: list[str] = []
+
+    async def ask(_id: str, _thread: str, text: str, _choices: dict[str, str]) -> None:
+        asked.append(text)
+
+    monkeypatch.setattr(assistant, "ask_question", ask)
+    pending = type("Pending", (), {"id": "i-1"})()
+    pending.value = {
+        "kind": "confirm_memory",
+        "content": "My salary is 90k",
+        "category": "finance_sensitive",
+    }
+    await assistant.show_confirm_memory(pending, "t-1")
+    pending.value = {"kind": "confirm_memory", "content": "x", "category": "<b>made up</b>"}
+    await assistant.show_confirm_memory(pending, "t-1")
+
+    assert "Category: Finance (sensitive)." in asked[0]
+    assert "finance_sensitive" not in asked[0]
+    assert "Category: Other." in asked[1]

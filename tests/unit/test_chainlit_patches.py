@@ -22,7 +22,7 @@ import chainlit.server
 import chainlit.socket
 import chainlit.utils
 import pytest
-from chainlit.context import ChainlitContext
+from chainlit.context import ChainlitContext, init_ws_context
 from chainlit.data.chainlit_data_layer import ChainlitDataLayer
 from chainlit.message import Message
 from chainlit.session import BaseSession, WebsocketSession
@@ -48,6 +48,7 @@ ACL = "require_thread_author in ui/chainlit_patches.py"
 OUTPUT = "guard_output / SanitisingEmitter in ui/chainlit_patches.py"
 HELPERS = "the helper named in ui/chainlit_patches.py"
 DATA_LAYER = "the copy of it in ui/data_layer.py (PostgresDataLayer)"
+REPLY = "Reply in ui/surface.py (coalesced streaming over Chainlit's Message)"
 EDITS = "route_message_edits in ui/chainlit_patches.py (and ui/chat.edit_message)"
 
 # Chainlit's emitter as it ships (chainlit.emitter.ChainlitEmitter is ours once installed).
@@ -97,6 +98,15 @@ CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
     "server.serve": (chainlit.server.serve, "45a04359a4ae33b0", "mount_before_catch_all"),
     "step.Step.__init__": (Step.__init__, "7ca45b864880c2c5", CLOCK),
     "message.Message.__init__": (Message.__init__, "c6a39c3ae85d8df3", CLOCK),
+    "context.init_ws_context": (
+        init_ws_context,
+        "c3d4ceaec38b2fd6",
+        "enter_live_session in ui/chainlit_patches.py",
+    ),
+    "message.MessageBase.stream_token": (Message.stream_token, "eafad86fddd936dd", REPLY),
+    "message.Message.send": (Message.send, "cac98893ff2f1ead", REPLY),
+    "message.Message.update": (Message.update, "e70206606d0113d8", REPLY),
+    "message.MessageBase.remove": (Message.remove, "a0424e92d878704f", REPLY),
     "data.acl.is_thread_author": (chainlit.data.acl.is_thread_author, "522c3ed9c195fc54", ACL),
     "context.ChainlitContext.__init__": (ChainlitContext.__init__, "db4773091d52bf7c", OUTPUT),
     "emitter.send_step": (_Emitter.send_step, "0e6ea166c8cd61d8", OUTPUT),

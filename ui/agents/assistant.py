@@ -12,7 +12,13 @@ import chainlit as cl
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 
 from graphs.assistant.graph import build_graph
-from ui.memory_note import memory_note_text, plain, send_memory_note, tool_messages
+from ui.memory_note import (
+    category_label,
+    memory_note_text,
+    plain,
+    send_memory_note,
+    tool_messages,
+)
 from ui.runner import AgentSpec, InterruptKind
 from ui.surface import ask_question, new_reply
 
@@ -175,7 +181,8 @@ async def show_confirm_memory(interrupt: Interrupt, thread_id: str) -> None:
     text = (
         "You asked me to remember something sensitive. Should I store it?\n\n"
         f"> {plain(str(value.get('content', '')))}\n\n"
-        f"Category: {plain(str(value.get('category', 'unknown')))}. You can delete it any time."
+        f"Category: {category_label(str(value.get('category', 'other')))}. "
+        "You can delete it any time."
     )
     await ask_question(
         interrupt.id, thread_id, text, {"confirm": "Remember it", "reject": "Don't store it"}
