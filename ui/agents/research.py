@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.citations import CITATION, claim_lines
+from graphs.research.files import NOTES_DIR
 from graphs.research.graph import MAX_TODOS, PlanDecision, build_graph, slug
 from graphs.tools.search import LocalCorpus
 from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_report
@@ -46,6 +48,22 @@ HIDDEN_TASK = "Refused: a research task"
 
 def _topic(description: str) -> str:
     return description.removeprefix("Research: ").split(". Write notes to")[0][:80]
+
+
+_NOTES_FILE = re.compile(r"notes/([a-z0-9][a-z0-9_-]*)\.md")
+_SOURCE_LINE = re.compile(r"^- source_url: (\S+)$", re.M)
+
+
+def _notes_slug(description: str) -> str | None:
+    """The topic slug of the notes file a task names (notes/<slug>.md), if it names one."""
+    match = _NOTES_FILE.search(description)
+    return match[1] if match else None
+
+
+def _file_content(data: Any) -> str:
+    """A virtual file's text; deepagents stores it as one string or as a list of lines."""
+    content = data.get("content", "") if isinstance(data, dict) else ""
+    return "\n".join(content) if isinstance(content, list) else str(content)
 
 
 class ResearchView:
@@ -91,18 +109,16 @@ class ResearchView:
         if (why := refusal_reason(str(message.text))) is not None:
             await self._refused(step, description, why)
             return
-        notes = {p: d for p, d in files.items() if p.startswith("/notes/")}
-        findings = sum(str(d.get("content", "")).count("## Finding") for d in notes.values())
-        sources = {
-            url
-            for d in notes.values()
-            for url in re.findall(r"^- source_url: (\S+)$", str(d.get("content", "")), re.M)
-        }
+        # Only this task's own notes file: parallel tasks' files arrive in the same update.
+        key = _notes_slug(description)
+        notes = _file_content(files.get(f"{NOTES_DIR}{key}.md")) if key else ""
+        sources = set(_SOURCE_LINE.findall(notes))
+        findings = notes.count("## Finding")
         step.output = (
             f"Fetched {len(sources)} source(s), wrote {findings} finding(s).\n\n{message.text}"
         )
         await step.update()
-        if (task := self._task_for(str(step.input))) is not None:
+        if (task := self._task_for(description)) is not None:
             task.status = cl.TaskStatus.DONE
             await self._show()
 
@@ -118,8 +134,8 @@ class ResearchView:
             await self._show()
 
     def _task_for(self, description: str) -> cl.Task | None:
-        match = re.search(r"notes/([a-z0-9_-]+)\.md", description)
-        return self.by_slug.get(match[1]) if match else None
+        key = _notes_slug(description)
+        return self.by_slug.get(key) if key else None
 
     async def _show(self) -> None:
         if self.sent:
@@ -128,14 +144,31 @@ class ResearchView:
             await self.tasks.send()
             self.sent = True
 
-    async def finish(self, failed: bool) -> None:
-        self.tasks.status = "Failed" if failed else "Done"
+    async def finish(self, status: Status) -> None:
+        self.tasks.status = live_status(status)
         for step in self.steps.values():
             step.is_error = True
-            step.output = "stopped"
+            step.output = f"Not finished. {self.tasks.status}"
             await step.update()
         if self.sent:
             await self.tasks.update()
+
+
+LIVE_STATUS = {
+    "done": "Done",
+    "paused": "Done",
+    "stopped": "Stopped before the report",  # the runner's notice says why (step limit, wipe)
+    "unavailable": "Failed: the database could not be reached",
+}
+
+
+def live_status(status: Status) -> str:
+    """The task list's final status for a run seen live, saying why it stopped if it did."""
+    task = asyncio.current_task()
+    if status == "failed" and task is not None and task.cancelling():
+        # Chainlit's Stop cancels the handler's task: the runner sees no error, only "failed".
+        return "Stopped: you stopped the run"
+    return LIVE_STATUS.get(status, "Failed: an error stopped the run")
 
 
 class ResearchRun:
@@ -157,7 +190,7 @@ class ResearchRun:
         await _show_update(self.view, namespace, node, delta)
 
     async def end(self, status: Status, load_state: LoadState) -> str | None:
-        await self.view.finish(failed=status not in ("done", "paused"))
+        await self.view.finish(status)
         if status != "done":
             return None
         state = await load_state()
@@ -169,22 +202,35 @@ class ResearchRun:
 async def _show_update(
     view: ResearchView, namespace: tuple[str, ...], node: str, delta: Any
 ) -> None:
-    if not isinstance(delta, dict):
-        return
+    parts = _parts(delta)
     if not namespace:
-        if "todos" in delta and node in ("research", "reopen_claims"):
-            await view.set_todos(delta["todos"])
-        if node == "check_citations" and delta.get("verifications"):
-            await _show_check(delta["verifications"][-1])
+        for part in parts:
+            if "todos" in part and node in ("research", "reopen_claims"):
+                await view.set_todos(part["todos"])
+            if node == "check_citations" and part.get("verifications"):
+                await _show_check(part["verifications"][-1])
         return
     if namespace[0].startswith("research:") and len(namespace) == 1:
-        for message in _messages(delta):
+        files = {
+            path: data
+            for part in parts
+            if isinstance(part.get("files"), dict)
+            for path, data in part["files"].items()
+        }
+        for message in (m for part in parts for m in _messages(part)):
             if isinstance(message, AIMessage):
                 for call in message.tool_calls:
                     if call["name"] == "task":
                         await view.task_started(cast("dict[str, Any]", call))
             elif isinstance(message, ToolMessage):
-                await view.task_finished(message, delta.get("files") or {})
+                await view.task_finished(message, files)
+
+
+def _parts(delta: Any) -> list[dict[str, Any]]:
+    """A node's update as dicts: LangGraph streams a list, one dict per write, when one task
+    writes a channel more than once (several Commands from one tools task)."""
+    parts = delta if isinstance(delta, list) else [delta]
+    return [part for part in parts if isinstance(part, dict)]
 
 
 def _messages(delta: dict[str, Any]) -> list[Any]:
@@ -298,14 +344,50 @@ async def restore(state: StateSnapshot) -> None:
     todos = state.values.get("todos") or []
     if not todos or state.interrupts:
         return  # a pending plan shows its own list with its buttons
-    status = "Done" if state.values.get("report") else "Stopped before the report"
-    tasks = cl.TaskList(status=status)
+    tasks = cl.TaskList(status=restored_status(state))
     for todo in todos:
         if isinstance(todo, dict):
             await tasks.add_task(
                 cl.Task(title=str(todo.get("content", "")), status=_status(str(todo.get("status"))))
             )
     await tasks.send()
+
+
+PHASES = {
+    "write_plan": "planning",
+    "research": "research",
+    "check_citations": "the citation check",
+    "reopen_claims": "the citation check",
+    "finalize": "the final check",
+}
+
+
+def restored_status(state: StateSnapshot) -> str:
+    """How a reopened run ended, from what its checkpoint holds: the report, the node it was in
+    and the error LangGraph stored for that node (its repr, e.g. "CancelledError()")."""
+    values = state.values
+    if values.get("report"):
+        return "Done"
+    if not state.next:
+        if values.get("metrics"):  # finalize ran: nothing passed the check
+            return "Done: no claim could be verified, so there is no report"
+        return "Cancelled: you rejected the plan"
+    phase = PHASES.get(state.next[0], "the run")
+    errors = {_error_name(task.error) for task in state.tasks if task.error is not None}
+    if "CancelledError" in errors:
+        return f"Stopped: cancelled during {phase}"
+    if "GraphRecursionError" in errors:
+        return f"Stopped at the step limit during {phase}"
+    if errors:
+        return f"Failed during {phase}"
+    return f"Stopped during {phase}, before the report"
+
+
+def _error_name(error: Any) -> str:
+    """The exception's class name; a stored error is its repr, a live one the exception."""
+    if isinstance(error, BaseException):
+        return type(error).__name__
+    return str(error).split("(", 1)[0]
 
 
 CORPUS_LINK = re.compile(r"\]\(corpus://([a-z0-9_-]+)/([A-Za-z0-9._-]+)\)")
