@@ -31,7 +31,11 @@ if TYPE_CHECKING:
     from ui.runner import Ask, LoadState, Status
 
 RECURSION_LIMIT = 200
-"""Outer phases plus the orchestrator's and subagents' own loops, which inherit the limit."""
+"""Steps of the Research graph's own phases (plan, approval, research rounds, citation checks,
+critique). The orchestrator and its subagents run as graphs inside the research node with
+their own step limits; what bounds them is time (settings `research_run_timeout_s` for a
+round, `research_subagent_timeout_s` for each subagent) and each subagent's tool-call and token
+budgets (`research_subagent_tool_calls`, `research_subagent_tokens`)."""
 EDIT_TIMEOUT_S = 600
 CHECK_STEP = "Checking citations"
 
