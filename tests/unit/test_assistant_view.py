@@ -125,3 +125,17 @@ async def test_the_sensitive_memory_question_names_the_category_as_people_read_i
     assert "Category: Finance (sensitive)." in asked[0]
     assert "finance_sensitive" not in asked[0]
     assert "Category: Other." in asked[1]
+
+
+async def test_in_a_temporary_chat_the_recall_step_says_memory_is_off(fake_chat):
+    from graphs.core.context import Context
+
+    view = assistant.SPEC.view(Context(user_id="u", thread_id="t", memory=False))
+    await view.task((), {"id": "r1", "name": "recall_memories", "input": {}, "triggers": []})
+    await view.task((), {"id": "r1", "name": "recall_memories", "result": {"recalled": []}})
+    on = assistant.SPEC.view(Context(user_id="u", thread_id="t2", memory=True))
+    await on.task((), {"id": "r2", "name": "recall_memories", "input": {}, "triggers": []})
+    await on.task((), {"id": "r2", "name": "recall_memories", "result": {"recalled": []}})
+
+    steps = [item for kind, item in shown if kind == "step"]
+    assert [s.output for s in steps[-2:]] == [assistant.MEMORY_OFF, "Nothing relevant."]

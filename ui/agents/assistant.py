@@ -32,13 +32,16 @@ REPLY_NODE = "assistant"
 NODE_STEPS = {"recall_memories": "Memory recall", "assistant": "Thinking"}
 """Nodes shown as steps (Chainlit prefixes "Using"/"Used"); the tools node shows one step per
 tool call instead."""
+MEMORY_OFF = "Memory is off in this temporary chat: nothing was recalled."
 MAX_SHOWN = 600
 
 
 class AssistantView:
     """Steps in the order things happened, then the reply, then the memory note."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, memory: bool = True) -> None:
+        self.memory = memory
+        """Long-term memory is on in this chat (off in a temporary one)."""
         self.reply: cl.Message | None = None
         self.node_steps: dict[str, cl.Step] = {}
         self.tool_steps: dict[str, cl.Step] = {}
@@ -77,7 +80,12 @@ class AssistantView:
         if step is None:
             return
         step.is_error = bool(event.get("error"))
-        step.output = "failed" if step.is_error else _node_output(name, result)
+        if step.is_error:
+            step.output = "failed"
+        elif name == "recall_memories" and not self.memory:
+            step.output = MEMORY_OFF
+        else:
+            step.output = _node_output(name, result)
         await step.update()
         if name == REPLY_NODE and not step.is_error:
             await self._tools_called(result)
@@ -206,7 +214,7 @@ SPEC = AgentSpec(
     description="A personal assistant that remembers you across conversations.",
     build=build_graph,
     inputs=_inputs,
-    view=lambda _context: AssistantView(),
+    view=lambda context: AssistantView(memory=context.memory),
     interrupts=(
         InterruptKind(
             name="confirm_memory",
