@@ -17,14 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from graphs.core.pool import Pool
 
 log = logging.getLogger("cairn.security")
 
 PREFIX = "cairn_pat_"
 """Every token starts with this, so one pasted somewhere it should not be is recognisable."""
-SCOPES = ("assistant", "research", "planner")
-"""What a token may be allowed to call: one scope per agent."""
 RUN_WINDOW = timedelta(hours=1)
 """Runs per hour count calls started in the last hour; a call still unfinished after that long
 is from a worker that died mid-run and no longer counts as running."""
@@ -139,9 +139,23 @@ def _info(row: dict[str, Any]) -> TokenInfo:
 class AccessTokens:
     """The cairn_access_tokens and cairn_token_calls tables."""
 
-    def __init__(self, pool: Pool, *, cut_off: SessionCutOff | None = None) -> None:
+    def __init__(
+        self, pool: Pool, *, scopes: Collection[str], cut_off: SessionCutOff | None = None
+    ) -> None:
         self.pool = pool
+        self.scopes = tuple(scopes)
+        """What a token may be allowed to call: one scope per agent offered over MCP. The app
+        passes them in at start-up (ui.mcp_server.token_scopes), as the agents are declared
+        above this layer."""
         self.cut_off = cut_off
+
+    def checked_scopes(self, scopes: Collection[str]) -> frozenset[str]:
+        """The scopes asked for, if they are some of the known ones (ValueError otherwise)."""
+        asked = frozenset(scopes)
+        if not asked or not asked <= set(self.scopes):
+            msg = f"scopes must be some of {', '.join(self.scopes)}"
+            raise ValueError(msg)
+        return asked
 
     async def create(
         self,
@@ -153,10 +167,7 @@ class AccessTokens:
         limits: TokenLimits,
         pre_approve: bool = False,
     ) -> NewToken:
-        unknown = scopes - set(SCOPES)
-        if not scopes or unknown:
-            msg = f"scopes must be some of {', '.join(SCOPES)}"
-            raise ValueError(msg)
+        scopes = self.checked_scopes(scopes)
         secret = PREFIX + secrets.token_urlsafe(32)
         token_id = "tok_" + secrets.token_hex(8)
         async with self.pool.connection() as conn:

@@ -71,9 +71,26 @@ function row(token) {
   return item;
 }
 
+// One checkbox per agent offered over MCP (all ticked), kept as the user left them on reload.
+function scopeBoxes(agents) {
+  const fieldset = $("token-scopes");
+  if (fieldset.querySelector("input[name=scope]")) return;
+  for (const agent of agents) {
+    const label = el("label", undefined, "check");
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.name = "scope";
+    box.value = agent.scope;
+    box.checked = true;
+    label.append(box, ` ${agent.label}`);
+    fieldset.append(label);
+  }
+}
+
 async function load() {
   const data = await api("GET", "/api/tokens");
   $("endpoint").textContent = data.endpoint;
+  scopeBoxes(data.agents);
   $("token-days").max = data.limits.max_days;
   $("token-concurrent").placeholder = data.limits.max_concurrent;
   $("token-hourly").placeholder = data.limits.max_runs_per_hour;

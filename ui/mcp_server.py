@@ -1,5 +1,6 @@
 """The agents as MCP tools at /mcp (the official SDK's streamable HTTP server), for callers
-holding a personal access token (auth/tokens.py).
+holding a personal access token (auth/tokens.py). Each tool, what it shows a caller and its
+token scope come from the agent's spec (`AgentSpec.mcp`, ui/agents/); nothing here names one.
 
 A token stands for its user exactly like a web session: every run goes through the one turn
 runner (ui/runner.py) with a headless surface, so thread ownership, memory scoping and the run
@@ -12,6 +13,7 @@ memory), so several workers behind a load balancer serve one caller.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import uuid
 from contextlib import asynccontextmanager, contextmanager
@@ -32,14 +34,12 @@ from starlette.routing import Route
 
 from auth.ownership import NOT_FOUND, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
-from graphs.research.citations import CITATION, claim_lines
-from ui.agents.research import cited_urls, served_links
 from ui.data_layer import add_outside_turn, append_message
-from ui.output_guard import sanitise_report
+from ui.runner import UNAVAILABLE
 from ui.surface import HeadlessSurface, HeadlessView
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
     from starlette.types import Receive, Scope, Send
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from graphs.core.context import Context as RunContext
     from graphs.core.pool import Pool
     from graphs.core.settings import Settings
-    from ui.runner import AgentSpec, LoadState, Runner, RunOutcome, Status, View
+    from ui.runner import AgentSpec, LoadState, McpTool, Runner, RunOutcome, Status, View
 
 log = logging.getLogger("cairn.mcp")
 
@@ -57,21 +57,53 @@ TOKEN_KEY = "cairn.access_token"  # noqa: S105 (a scope key, not a secret)
 CHALLENGE = 'Bearer realm="cairn"'
 KEEP_ALIVE_S = 15.0
 """How often a caller waiting on a run hears that it is still going."""
-TOOL_NAMES = {"assistant": "ask_assistant", "research": "research", "planner": "run_planner"}
-"""The tool that starts a run of each agent (answer_approval continues any of them)."""
 NOT_WAITING = "Nothing in that conversation is waiting for an answer."
 NO_PRE_APPROVAL = (
     "This token does not allow pre-approval. Its owner can allow it on the access token "
     "settings page; otherwise answer the returned approval with answer_approval."
 )
-INSTRUCTIONS = (
-    "Cairn's agents as tools. ask_assistant talks to a personal assistant that remembers the "
-    "user; research answers a question with a report whose citations were checked against "
-    "fetched pages; run_planner plans an analysis and runs it with read-only SQL. Research and "
-    "Planner runs pause for approval of their plan: the result then has status 'paused', the "
-    "thread_id and the pending plan; call answer_approval to approve, edit or reject it. Pass "
-    "a thread_id to continue a conversation."
+PAUSED = (
+    "runs pause for approval of their plan: the result then has status 'paused', the "
+    "thread_id and the pending plan; call answer_approval to approve, edit or reject it."
 )
+
+
+def offered(agents: Sequence[AgentSpec]) -> tuple[AgentSpec, ...]:
+    """The agents with an MCP tool, in profile order."""
+    return tuple(spec for spec in agents if spec.mcp is not None)
+
+
+def token_scopes(agents: Sequence[AgentSpec]) -> dict[str, str]:
+    """The scopes an access token may hold: one per agent offered over MCP (its key), with
+    the label the tokens page shows (its profile name)."""
+    return {spec.key: spec.profile for spec in offered(agents)}
+
+
+def instructions(agents: Sequence[AgentSpec]) -> str:
+    """The server's instructions: each agent's tool, and which of them pause for approval."""
+    tools = [spec.mcp for spec in offered(agents) if spec.mcp is not None]
+    text = "Cairn's agents as tools. " + "; ".join(f"{t.name} {t.summary}" for t in tools) + "."
+    pausing = [spec.profile for spec in offered(agents) if spec.mcp and spec.mcp.pauses]
+    if pausing:
+        names = pausing[-1] if len(pausing) == 1 else f"{', '.join(pausing[:-1])} and {pausing[-1]}"
+        text += f" {names} {PAUSED}"
+    return text + " Pass a thread_id to continue a conversation."
+
+
+def tool_signature(tool: McpTool) -> inspect.Signature:
+    """The tool's arguments as FastMCP reads them: the agent's text argument, the context,
+    thread_id, and the options the agent offers."""
+    arg = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter(tool.text_arg, arg, annotation=str),
+        inspect.Parameter("ctx", arg, annotation=Context),
+        inspect.Parameter("thread_id", arg, default=None, annotation=str | None),
+    ]
+    if tool.temporary:
+        params.append(inspect.Parameter("temporary", arg, default=False, annotation=bool))
+    if tool.pre_approve is not None:
+        params.append(inspect.Parameter("pre_approve", arg, default=False, annotation=bool))
+    return inspect.Signature(params, return_annotation=dict[str, Any])
 
 
 OFFLINE_STRUCTURED = "OfflineStructuredOutput"
@@ -174,27 +206,6 @@ class Call:
         self.budget = ModelCallBudget(self.token.limits.max_model_calls)
 
 
-def low_risk(value: dict[str, Any], token: TokenInfo) -> str | None:
-    """Why a pending Planner plan may not be pre-approved, or None when it may.
-
-    The Planner's tools only read (a SELECT-only role), so the risk is cost: only a first
-    review of a plan the model drew up, within the step budget and the token's model-call
-    budget, with nothing changed since a human last looked, is low-risk.
-    """
-    if value.get("kind") != "planner_review":
-        return "only Planner plans can be pre-approved"
-    if value.get("replanned") or value.get("completed"):
-        return "the plan changed after steps ran; a person must review it"
-    if value.get("error"):
-        return "the plan review reported a problem"
-    plan = value.get("plan") or []
-    if not plan or len(plan) > int(value.get("step_budget") or 0):
-        return "the plan is empty or longer than the step budget"
-    if int(value.get("estimated_model_calls") or 0) > token.limits.max_model_calls:
-        return "the plan needs more model calls than this token's budget"
-    return None
-
-
 def approval(interrupt: Any, spec: AgentSpec) -> dict[str, Any]:
     """A pending question as the caller sees it: what to approve and how to answer."""
     value = interrupt.value if isinstance(interrupt.value, dict) else {}
@@ -204,35 +215,9 @@ def approval(interrupt: Any, spec: AgentSpec) -> dict[str, Any]:
         "kind": value.get("kind"),
         "decisions": sorted(kind.decisions) if kind else ["confirm", "reject"],
     }
-    if value.get("kind") == "planner_review":
-        keys = ("goal", "plan", "completed", "replanned", "step_budget", "estimated_model_calls")
-        shown.update({k: value.get(k) for k in (*keys, "edits_left", "error")})
-        shown["edit"] = "the new steps, one per line, or one sentence of feedback"
-    elif value.get("kind") == "review_plan":
-        shown.update(question=value.get("question"), topics=value.get("todos", []))
-        shown["edit"] = "the topics to research, one per line"
-    else:
-        shown.update({k: v for k, v in value.items() if k in ("content", "category")})
+    if kind is not None:
+        shown.update(kind.describe(value))
     return shown
-
-
-def research_result(values: dict[str, Any], public_url: str) -> dict[str, Any]:
-    """The checked report with its citations as links the caller can open, and the claims
-    removed because no fetched page supports them."""
-    report = served_links(str(values.get("report") or ""), public_url)
-    cited = cited_urls(report)
-    report = sanitise_report(report, cited)
-    citations = [
-        {"quote": m["quote"], "url": m["url"]}
-        for _, line in claim_lines(report)
-        for m in CITATION.finditer(line)
-    ]
-    return {
-        "report": report,
-        "citations": citations,
-        "sources": cited,
-        "not_verified": list(values.get("not_verified") or []),
-    }
 
 
 class McpEndpoint:
@@ -244,17 +229,19 @@ class McpEndpoint:
         settings: Settings,
         public_url: str,
         pool: Pool,
+        agents: Sequence[AgentSpec],
         runner: Callable[[], Runner],
         tokens: Callable[[], AccessTokens],
     ) -> None:
         self.settings = settings
+        self.agents = offered(agents)
         self.public_url = public_url
         self.pool = pool
         self.runner = runner
         self.tokens = tokens
         self.server = FastMCP(
             name="Cairn",
-            instructions=INSTRUCTIONS,
+            instructions=instructions(self.agents),
             streamable_http_path=PATH,
             stateless_http=True,
             transport_security=_transport_security(public_url, settings),
@@ -309,36 +296,9 @@ class McpEndpoint:
     # -- tools ----------------------------------------------------------------------------
 
     def _register_tools(self) -> None:
+        for spec in self.agents:
+            self._add_agent_tool(spec)
         tool = self.server.tool
-
-        @tool(name="ask_assistant", title="Ask the Assistant")
-        async def ask_assistant(
-            message: str, ctx: Context, thread_id: str | None = None, temporary: bool = False
-        ) -> dict[str, Any]:
-            """Send a message to the user's personal assistant, which recalls and learns what
-            it should remember about them. Pass thread_id to continue a conversation;
-            temporary=true keeps memory out of a new one."""
-            return await self._new_turn(ctx, "assistant", message, thread_id, temporary=temporary)
-
-        @tool(name="research", title="Research a question")
-        async def research(
-            question: str, ctx: Context, thread_id: str | None = None
-        ) -> dict[str, Any]:
-            """Research a question. The run first pauses with the proposed topics (status
-            'paused'); approve, edit or reject them with answer_approval. The finished report
-            comes back with its citations, each checked against a page Cairn fetched, and a
-            list of claims removed as not verified."""
-            return await self._new_turn(ctx, "research", question, thread_id)
-
-        @tool(name="run_planner", title="Plan and run an analysis")
-        async def run_planner(
-            goal: str, ctx: Context, thread_id: str | None = None, pre_approve: bool = False
-        ) -> dict[str, Any]:
-            """Plan an analysis of the configured data and run it with read-only SQL. The run
-            pauses with the proposed plan (status 'paused') for answer_approval.
-            pre_approve=true approves a low-risk plan at once, if the token's owner allowed
-            that."""
-            return await self._new_turn(ctx, "planner", goal, thread_id, pre_approve=pre_approve)
 
         @tool(name="answer_approval", title="Answer a pending approval")
         async def answer_approval(
@@ -353,12 +313,37 @@ class McpEndpoint:
             for a plan, one sentence of feedback)."""
             return await self._answer(ctx, thread_id, decision, edit, interrupt_id)
 
+    def _add_agent_tool(self, spec: AgentSpec) -> None:
+        """The tool that starts a run of one agent, as its spec declares it."""
+        tool = spec.mcp
+        assert tool is not None
+
+        async def start_run(ctx: Context, **arguments: Any) -> dict[str, Any]:
+            return await self._new_turn(
+                ctx,
+                spec,
+                arguments[tool.text_arg],
+                arguments.get("thread_id"),
+                temporary=bool(arguments.get("temporary")),
+                pre_approve=bool(arguments.get("pre_approve")),
+            )
+
+        signature = tool_signature(tool)
+        start_run.__name__ = tool.name  # FastMCP names the argument schema after it
+        start_run.__signature__ = signature  # type: ignore[attr-defined]
+        start_run.__annotations__ = {
+            name: p.annotation for name, p in signature.parameters.items()
+        } | {"return": signature.return_annotation}
+        self.server.add_tool(
+            start_run, name=tool.name, title=tool.title, description=tool.description
+        )
+
     # -- one call -------------------------------------------------------------------------
 
     async def _new_turn(
         self,
         ctx: Context,
-        agent: str,
+        spec: AgentSpec,
         text: str,
         thread_id: str | None,
         *,
@@ -366,23 +351,25 @@ class McpEndpoint:
         pre_approve: bool = False,
     ) -> dict[str, Any]:
         token = _token(ctx)
-        async with self._refusals_logged(token, TOOL_NAMES[agent], thread_id):
+        assert spec.mcp is not None
+        async with self._refusals_logged(token, spec.mcp.name, thread_id):
             return await self._start(
-                ctx, token, agent, text, thread_id, temporary=temporary, pre_approve=pre_approve
+                ctx, token, spec, text, thread_id, temporary=temporary, pre_approve=pre_approve
             )
 
     async def _start(
         self,
         ctx: Context,
         token: TokenInfo,
-        agent: str,
+        spec: AgentSpec,
         text: str,
         thread_id: str | None,
         *,
         temporary: bool,
         pre_approve: bool,
     ) -> dict[str, Any]:
-        _in_scope(token, agent)
+        assert spec.mcp is not None
+        _in_scope(token, spec.key)
         text = text.strip()
         if not text or len(text) > self.settings.max_message_chars:
             msg = f"The text must be 1 to {self.settings.max_message_chars} characters."
@@ -390,11 +377,11 @@ class McpEndpoint:
         if pre_approve and not token.pre_approve:
             raise ToolError(NO_PRE_APPROVAL)
         runner = self.runner()
-        spec = runner.spec(agent)
-        assert spec is not None
+        if runner.spec(spec.key) is None:  # its profile would reach the runner's default agent
+            raise ToolError(UNAVAILABLE)
         if thread_id is not None:
-            await self._check_thread(token, thread_id, agent)
-        call = Call(token, TOOL_NAMES[agent], thread_id or str(uuid.uuid4()))
+            await self._check_thread(token, thread_id, spec.key)
+        call = Call(token, spec.mcp.name, thread_id or str(uuid.uuid4()))
 
         async def run(surface: McpSurface) -> RunOutcome:
             await self._show_in_chat(token, str(call.thread_id), spec, text)
@@ -418,7 +405,12 @@ class McpEndpoint:
     ) -> RunOutcome:
         pending = outcome.interrupts[0] if outcome.interrupts else None
         value = pending.value if pending is not None and isinstance(pending.value, dict) else {}
-        why = low_risk(value, call.token)
+        check = spec.mcp.pre_approve if spec.mcp is not None else None
+        why = (
+            check(value, call.token.limits.max_model_calls)
+            if check is not None
+            else f"{spec.profile} runs cannot be pre-approved"
+        )
         if pending is None or why is not None:
             surface.values["pre_approval"] = f"not applied: {why}"
             return outcome
@@ -602,9 +594,9 @@ class McpEndpoint:
             result["approval"] = [approval(i, spec) for i in outcome.interrupts]
             return result
         result["reply"] = outcome.reply
-        if spec.key == "research" and surface.values.get("report"):
-            result.update(research_result(surface.values, self.public_url))
-            result["reply"] = result["report"]
+        finished = spec.mcp.result if spec.mcp is not None else None
+        if finished is not None:
+            result.update(finished(surface.values, self.public_url) or {})
         return result
 
 

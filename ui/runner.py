@@ -37,10 +37,12 @@ from graphs.core.timetravel import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from fastapi import APIRouter
     from langchain_core.runnables import RunnableConfig
     from langgraph.types import Interrupt, StateSnapshot, StreamMode
 
     from graphs.core.persistence import Pool
+    from graphs.core.settings import Settings
     from graphs.core.tracing import Tracing
 
 log = logging.getLogger("cairn.turns")
@@ -110,6 +112,9 @@ class InterruptKind:
     )
     """The Command(resume=...) value for a decision; may ask the user first (AnswerRejected
     keeps the question pending)."""
+    describe: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda _value: {})
+    """The question's details for a caller without the chat (an MCP client): what it is asked
+    to answer, and what an edit should contain."""
 
 
 def last_ai_text(values: dict[str, Any]) -> str | None:
@@ -120,6 +125,31 @@ def last_ai_text(values: dict[str, Any]) -> str | None:
 
 async def _decision(decision: str) -> dict[str, str]:
     return {"decision": decision}
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """How an agent is offered as an MCP tool (ui/mcp_server.py); its scope on access tokens
+    is the agent's key, labelled with its profile name."""
+
+    name: str
+    title: str
+    description: str
+    """The tool's description: written for the calling model."""
+    summary: str
+    """What the tool does, in the server's instructions (after the tool's name)."""
+    text_arg: str
+    """The name of the argument carrying the message (the graph input comes from it)."""
+    temporary: bool = False
+    """Offer `temporary` (a new conversation kept out of memory)."""
+    pre_approve: Callable[[dict[str, Any], int], str | None] | None = None
+    """Offer `pre_approve`: why a pending question (its value, given the token's model-call
+    budget) may not be approved at once, or None when it may."""
+    pauses: bool = False
+    """Its runs pause for approval of a plan (the server's instructions say so)."""
+    result: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
+    """Fields a finished run adds to (or replaces in) the tool's result, from the final
+    state and the app's public URL; None keeps the plain reply."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +187,10 @@ class AgentSpec:
         default=lambda values: last_ai_text(values)
     )
     """The reply in a finished run's state, for runs nobody watched live."""
+    mcp: McpTool | None = None
+    """The agent as an MCP tool (and a scope on access tokens); None: chat only."""
+    routes: Callable[[Settings], APIRouter] | None = None
+    """Extra HTTP routes the agent's pages need, mounted at start-up."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None

@@ -31,11 +31,10 @@ from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
-from ui.agents.research import corpus_router
 from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
 from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
-from ui.mcp_server import McpEndpoint
+from ui.mcp_server import McpEndpoint, token_scopes
 from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
 from ui.recovery import recover_forever
@@ -153,7 +152,9 @@ def prepare(app: FastAPI) -> AppRuntime:
     mount_before_catch_all(app, build_health_router(lambda: _runtime))
     mount_before_catch_all(app, build_memory_router(get_runtime))
     mount_before_catch_all(app, build_support_router())
-    mount_before_catch_all(app, corpus_router(settings))
+    for agent in AGENTS:
+        if agent.routes is not None:
+            mount_before_catch_all(app, agent.routes(settings))
     metrics_token = settings.metrics_token
     mount_before_catch_all(
         app,
@@ -162,11 +163,12 @@ def prepare(app: FastAPI) -> AppRuntime:
             lambda: pool,
         ),
     )
-    mount_before_catch_all(app, build_tokens_router())
+    mount_before_catch_all(app, build_tokens_router(token_scopes(AGENTS)))
     mcp = McpEndpoint(
         settings=settings,
         public_url=public_url,
         pool=pool,
+        agents=AGENTS,
         runner=lambda: get_runtime().runner,
         tokens=_tokens,
     )
@@ -249,7 +251,9 @@ async def start() -> None:
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
     )
     runtime.memory_jobs.start_worker()
-    runtime.tokens = AccessTokens(runtime.pool, cut_off=runtime.revocations)
+    runtime.tokens = AccessTokens(
+        runtime.pool, scopes=token_scopes(AGENTS), cut_off=runtime.revocations
+    )
     runtime.persistence = persistence
     if runtime.mcp is not None:
         await runtime.mcp.start()

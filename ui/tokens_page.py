@@ -9,7 +9,7 @@ gets the same 404 as a missing one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse
@@ -21,6 +21,8 @@ from ui.mcp_server import PATH as MCP_PATH
 from ui.memory_page import Checked, Runtime
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from auth.tokens import AccessTokens
 
 PAGE = Path(__file__).resolve().parent.parent / "public" / "tokens.html"
@@ -30,8 +32,9 @@ class CreateBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: Annotated[str, Field(min_length=1, max_length=80)]
     scopes: Annotated[
-        list[Literal["assistant", "research", "planner"]], Field(min_length=1, max_length=3)
+        list[Annotated[str, Field(max_length=80)]], Field(min_length=1, max_length=50)
     ]
+    """Agent keys (checked against the agents offered over MCP)."""
     days: Annotated[int, Field(ge=1, le=365)] = 30
     pre_approve: bool = False
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
@@ -46,9 +49,11 @@ def _tokens(runtime: Any) -> AccessTokens:
     return tokens
 
 
-def build_router() -> APIRouter:
-    """The page and its API (the runtime comes from the memory page's dependency)."""
+def build_router(scopes: Mapping[str, str]) -> APIRouter:
+    """The page and its API (the runtime comes from the memory page's dependency), for the
+    given token scopes (agent key -> label, ui.mcp_server.token_scopes)."""
     router = APIRouter()
+    agents = [{"scope": scope, "label": label} for scope, label in scopes.items()]
 
     @router.get("/tokens", include_in_schema=False)
     async def page() -> FileResponse:
@@ -60,6 +65,7 @@ def build_router() -> APIRouter:
         return {
             "endpoint": f"{runtime.public_url}{MCP_PATH}",
             "enabled": settings.mcp_enabled,
+            "agents": agents,
             "tokens": [t.public() for t in await _tokens(runtime).owned(user_id)],
             "limits": {
                 "max_days": settings.mcp_token_max_days,
@@ -90,10 +96,15 @@ def build_router() -> APIRouter:
                 body.max_model_calls or settings.mcp_max_model_calls, settings.mcp_max_model_calls
             ),
         )
-        made = await _tokens(runtime).create(
+        tokens = _tokens(runtime)
+        try:
+            asked = tokens.checked_scopes(body.scopes)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        made = await tokens.create(
             user_id,
             name=body.name.strip() or "token",
-            scopes=frozenset(body.scopes),
+            scopes=asked,
             days=body.days,
             limits=limits,
             pre_approve=body.pre_approve,

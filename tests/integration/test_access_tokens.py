@@ -22,6 +22,8 @@ from graphs.core.persistence import Pool, make_pool
 
 pytestmark = pytest.mark.integration
 
+SCOPES = ("assistant", "planner")
+"""The app passes the agents offered over MCP (ui.mcp_server.token_scopes)."""
 ROOMY = TokenLimits(max_concurrent=5, max_runs_per_hour=50, max_model_calls=10)
 
 
@@ -47,7 +49,7 @@ async def make(
 
 
 async def test_only_a_hash_is_stored_and_the_token_stands_for_its_user(pools: list[Pool]) -> None:
-    tokens = AccessTokens(pools[0])
+    tokens = AccessTokens(pools[0], scopes=SCOPES)
     secret, info = await make(tokens)
     async with pools[0].connection() as conn:
         cur = await conn.execute("SELECT * FROM cairn_access_tokens WHERE id = %s", (info.id,))
@@ -64,11 +66,11 @@ async def test_only_a_hash_is_stored_and_the_token_stands_for_its_user(pools: li
 )
 async def test_a_missing_or_unknown_token_is_refused(pools: list[Pool], secret: str | None) -> None:
     with pytest.raises(TokenRejected):
-        await AccessTokens(pools[0]).verify(secret)
+        await AccessTokens(pools[0], scopes=SCOPES).verify(secret)
 
 
 async def test_expired_and_revoked_tokens_are_refused(pools: list[Pool]) -> None:
-    tokens = AccessTokens(pools[0])
+    tokens = AccessTokens(pools[0], scopes=SCOPES)
     expired, expired_info = await make(tokens)
     async with pools[0].connection() as conn:
         await conn.execute(
@@ -83,7 +85,7 @@ async def test_expired_and_revoked_tokens_are_refused(pools: list[Pool]) -> None
     assert (await tokens.verify(revoked)).id == revoked_info.id
     assert await tokens.revoke("alice", revoked_info.id)
     with pytest.raises(TokenRejected):
-        await AccessTokens(pools[1]).verify(revoked)  # on the other worker too
+        await AccessTokens(pools[1], scopes=SCOPES).verify(revoked)  # on the other worker too
     listed = {t.id: t for t in await tokens.owned("alice")}
     assert listed[revoked_info.id].revoked_at is not None
     assert not listed[expired_info.id].active
@@ -93,18 +95,20 @@ async def test_a_wipe_cut_off_ends_the_accounts_tokens_like_its_sessions(
     pools: list[Pool],
 ) -> None:
     revocations = SessionRevocations(pools[0])
-    tokens = AccessTokens(pools[0], cut_off=revocations)
+    tokens = AccessTokens(pools[0], scopes=SCOPES, cut_off=revocations)
     secret, _ = await make(tokens, user="carol")
     assert (await tokens.verify(secret)).user_id == "carol"
     await revocations.revoke("carol")
     with pytest.raises(TokenRejected):
-        await AccessTokens(pools[1], cut_off=SessionRevocations(pools[1])).verify(secret)
+        await AccessTokens(pools[1], scopes=SCOPES, cut_off=SessionRevocations(pools[1])).verify(
+            secret
+        )
 
 
 async def test_concurrent_runs_are_limited_across_workers(pools: list[Pool]) -> None:
     limits = TokenLimits(max_concurrent=2, max_runs_per_hour=50, max_model_calls=10)
-    _, info = await make(AccessTokens(pools[0]), limits=limits)
-    workers = [AccessTokens(pools[0]), AccessTokens(pools[1])]
+    _, info = await make(AccessTokens(pools[0], scopes=SCOPES), limits=limits)
+    workers = [AccessTokens(pools[0], scopes=SCOPES), AccessTokens(pools[1], scopes=SCOPES)]
 
     async def begin(i: int) -> int | str:
         try:
@@ -124,7 +128,7 @@ async def test_concurrent_runs_are_limited_across_workers(pools: list[Pool]) -> 
 
 async def test_runs_per_hour_count_started_runs_not_refusals(pools: list[Pool]) -> None:
     limits = TokenLimits(max_concurrent=5, max_runs_per_hour=2, max_model_calls=10)
-    tokens = AccessTokens(pools[0])
+    tokens = AccessTokens(pools[0], scopes=SCOPES)
     _, info = await make(tokens, limits=limits)
     for _ in range(2):
         call = await tokens.begin_call(info, "research", None)

@@ -15,14 +15,9 @@ from pydantic import BaseModel
 from auth.tokens import TokenInfo, TokenLimits
 from graphs.core.offline import OfflineChatModel
 from ui.agents import AGENTS
-from ui.mcp_server import (
-    BudgetExceeded,
-    ModelCallBudget,
-    approval,
-    counted,
-    low_risk,
-    research_result,
-)
+from ui.agents.planner import low_risk
+from ui.agents.research import research_result
+from ui.mcp_server import BudgetExceeded, ModelCallBudget, approval, counted
 
 PLANNER = next(a for a in AGENTS if a.key == "planner")
 RESEARCH = next(a for a in AGENTS if a.key == "research")
@@ -60,7 +55,7 @@ def review(**changes: Any) -> dict[str, Any]:
 
 
 def test_a_first_plan_within_both_budgets_is_low_risk() -> None:
-    assert low_risk(review(), token()) is None
+    assert low_risk(review(), token().limits.max_model_calls) is None
 
 
 @pytest.mark.parametrize(
@@ -76,7 +71,7 @@ def test_a_first_plan_within_both_budgets_is_low_risk() -> None:
     ],
 )
 def test_anything_else_needs_a_person(changes: dict[str, Any], why: str) -> None:
-    reason = low_risk(review(**changes), token())
+    reason = low_risk(review(**changes), token().limits.max_model_calls)
     assert reason is not None
     assert why in reason
 
@@ -160,6 +155,7 @@ def endpoint(tokens: FakeTokens) -> Any:
         settings=Settings(),
         public_url="http://localhost:8000",
         pool=None,  # type: ignore[arg-type]
+        agents=AGENTS,
         runner=lambda: None,  # type: ignore[arg-type,return-value]
         tokens=lambda: tokens,  # type: ignore[arg-type,return-value]
     )

@@ -19,7 +19,7 @@ from ui.memory_note import (
     send_memory_note,
     tool_messages,
 )
-from ui.runner import AgentSpec, InterruptKind
+from ui.runner import AgentSpec, InterruptKind, McpTool
 from ui.surface import ask_question, new_reply
 
 if TYPE_CHECKING:
@@ -220,10 +220,23 @@ SPEC = AgentSpec(
             name="confirm_memory",
             decisions=frozenset({"confirm", "reject"}),
             render=show_confirm_memory,
+            describe=lambda value: {k: v for k, v in value.items() if k in ("content", "category")},
         ),
     ),
     stream_modes=("messages", "tasks"),
     after_turn=schedule_memory_job,
     memory_prefetch=True,
     order=0,
+    mcp=McpTool(
+        name="ask_assistant",
+        title="Ask the Assistant",
+        description=(
+            "Send a message to the user's personal assistant, which recalls and learns what\n"
+            "it should remember about them. Pass thread_id to continue a conversation;\n"
+            "temporary=true keeps memory out of a new one."
+        ),
+        summary="talks to a personal assistant that remembers the user",
+        text_arg="message",
+        temporary=True,
+    ),
 )

@@ -15,7 +15,7 @@ from graphs.core.settings import get_settings
 from graphs.planner.graph import build_graph
 from graphs.planner.sql import Table, markdown_tables
 from graphs.planner.state import step_failed, step_parts
-from ui.runner import AgentSpec, AnswerRejected, InterruptKind
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool
 from ui.surface import ask_question, new_reply
 
 if TYPE_CHECKING:
@@ -368,6 +368,34 @@ def bar_chart(table: Table) -> Any:
     return figure
 
 
+def low_risk(value: dict[str, Any], max_model_calls: int) -> str | None:
+    """Why a pending Planner plan may not be pre-approved, or None when it may.
+
+    The Planner's tools only read (a SELECT-only role), so the risk is cost: only a first
+    review of a plan the model drew up, within the step budget and the token's model-call
+    budget, with nothing changed since a human last looked, is low-risk.
+    """
+    if value.get("kind") != "planner_review":
+        return "only Planner plans can be pre-approved"
+    if value.get("replanned") or value.get("completed"):
+        return "the plan changed after steps ran; a person must review it"
+    if value.get("error"):
+        return "the plan review reported a problem"
+    plan = value.get("plan") or []
+    if not plan or len(plan) > int(value.get("step_budget") or 0):
+        return "the plan is empty or longer than the step budget"
+    if int(value.get("estimated_model_calls") or 0) > max_model_calls:
+        return "the plan needs more model calls than this token's budget"
+    return None
+
+
+def describe_plan_review(value: dict[str, Any]) -> dict[str, Any]:
+    keys = ("goal", "plan", "completed", "replanned", "step_budget", "estimated_model_calls")
+    shown = {k: value.get(k) for k in (*keys, "edits_left", "error")}
+    shown["edit"] = "the new steps, one per line, or one sentence of feedback"
+    return shown
+
+
 SPEC = AgentSpec(
     key="planner",
     profile="Planner",
@@ -383,6 +411,7 @@ SPEC = AgentSpec(
             decisions=frozenset({"approve", "edit", "reject"}),
             render=show_plan_review,
             resume_value=review_answer,
+            describe=describe_plan_review,
         ),
     ),
     stream_modes=("messages",),
@@ -391,4 +420,18 @@ SPEC = AgentSpec(
     restore=restore,
     reply_text=lambda values: str(values.get("response") or "") or None,
     order=20,
+    mcp=McpTool(
+        name="run_planner",
+        title="Plan and run an analysis",
+        description=(
+            "Plan an analysis of the configured data and run it with read-only SQL. The run\n"
+            "pauses with the proposed plan (status 'paused') for answer_approval.\n"
+            "pre_approve=true approves a low-risk plan at once, if the token's owner allowed\n"
+            "that."
+        ),
+        summary="plans an analysis and runs it with read-only SQL",
+        text_arg="goal",
+        pre_approve=low_risk,
+        pauses=True,
+    ),
 )

@@ -21,7 +21,7 @@ from graphs.research.graph import MAX_TODOS, PlanDecision, build_graph, slug
 from graphs.tools.search import LocalCorpus
 from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_report
 from ui.report_pdf import report_pdf
-from ui.runner import AgentSpec, AnswerRejected, InterruptKind
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool
 from ui.surface import ask_question, new_reply
 
 if TYPE_CHECKING:
@@ -432,6 +432,41 @@ def corpus_router(settings: Settings) -> APIRouter:
     return router
 
 
+def research_result(values: dict[str, Any], public_url: str) -> dict[str, Any]:
+    """The checked report with its citations as links the caller can open, and the claims
+    removed because no fetched page supports them."""
+    report = served_links(str(values.get("report") or ""), public_url)
+    cited = cited_urls(report)
+    report = sanitise_report(report, cited)
+    citations = [
+        {"quote": m["quote"], "url": m["url"]}
+        for _, line in claim_lines(report)
+        for m in CITATION.finditer(line)
+    ]
+    return {
+        "report": report,
+        "citations": citations,
+        "sources": cited,
+        "not_verified": list(values.get("not_verified") or []),
+    }
+
+
+def mcp_result(values: dict[str, Any], public_url: str) -> dict[str, Any] | None:
+    """A finished run over MCP: the reply is the checked report, with its citations."""
+    if not values.get("report"):
+        return None
+    result = research_result(values, public_url)
+    return {"reply": result["report"], **result}
+
+
+def describe_plan_review(value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "question": value.get("question"),
+        "topics": value.get("todos", []),
+        "edit": "the topics to research, one per line",
+    }
+
+
 SPEC = AgentSpec(
     key="research",
     profile="Research",
@@ -446,6 +481,7 @@ SPEC = AgentSpec(
             decisions=frozenset({"approve", "edit", "reject"}),
             render=show_plan_review,
             resume_value=plan_answer,
+            describe=describe_plan_review,
         ),
     ),
     subgraphs=True,
@@ -453,4 +489,20 @@ SPEC = AgentSpec(
     restore=restore,
     reply_text=lambda values: str(values.get("report") or "") or None,
     order=10,
+    mcp=McpTool(
+        name="research",
+        title="Research a question",
+        description=(
+            "Research a question. The run first pauses with the proposed topics (status\n"
+            "'paused'); approve, edit or reject them with answer_approval. The finished report\n"
+            "comes back with its citations, each checked against a page Cairn fetched, and a\n"
+            "list of claims removed as not verified."
+        ),
+        summary="answers a question with a report whose citations were checked against "
+        "fetched pages",
+        text_arg="question",
+        pauses=True,
+        result=mcp_result,
+    ),
+    routes=corpus_router,
 )
