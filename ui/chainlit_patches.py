@@ -622,7 +622,7 @@ def serve_on_fast_loop() -> str:
     `run_sync` or re-enters the loop (its graphs and tests run on plain asyncio), so once
     app.py is loaded (chainlit/cli `run_chainlit`: `load_module`, then `asyncio.run(start())`)
     this restores asyncio's own functions and sets uvloop's policy, so Chainlit's
-    `asyncio.run` starts a uvloop loop. `python -m bench.ttft`: CPU per turn 25 -> ? ms.
+    `asyncio.run` starts a uvloop loop. Measured in bench/README.md ("Sessions per worker").
 
     Does nothing outside `chainlit run` (nest_asyncio not applied) or inside a running loop.
     Without uvloop (it captures `asyncio.Task` when imported, so it must not have been
