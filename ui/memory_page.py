@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
+from graphs.core.saver import threads_with_interrupts
 from graphs.memory.manage import (
     MemoryNotFound,
     MemoryRefused,
@@ -396,8 +397,8 @@ async def _suggestions(
     found: list[dict[str, Any]] = []
     graph = runtime.graphs.get("assistant")
     if graph is not None:
-        # The most recently active ones: a confirmation waits in a conversation in use.
-        for thread_id in assistant_threads[:50]:
+        # One query narrows them to those paused on a question; only those states are read.
+        for thread_id in await threads_with_interrupts(runtime.pool, assistant_threads):
             state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
             for interrupt in state.interrupts:
                 value = interrupt.value if isinstance(interrupt.value, dict) else {}

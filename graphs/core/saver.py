@@ -212,3 +212,35 @@ class CairnSaver(AsyncPostgresSaver):
         )
         async with self._cursor(pipeline=True) as cur:
             await cur.executemany(query, params)
+
+
+INTERRUPT_CHANNEL = "__interrupt__"
+"""The channel of LangGraph's interrupt writes (private in langgraph 1.x; one of WRITES_IDX_MAP's)."""
+assert INTERRUPT_CHANNEL in WRITES_IDX_MAP
+
+PAUSED_THREADS_SQL = """
+SELECT t.thread_id
+FROM unnest(%s::text[]) AS t(thread_id)
+CROSS JOIN LATERAL (
+    SELECT c.checkpoint_id FROM checkpoints c
+    WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+    ORDER BY c.checkpoint_id DESC
+    LIMIT 1
+) latest
+WHERE EXISTS (
+    SELECT 1 FROM checkpoint_writes w
+    WHERE w.thread_id = t.thread_id AND w.checkpoint_ns = ''
+        AND w.checkpoint_id = latest.checkpoint_id AND w.channel = %s
+)
+"""
+
+
+async def threads_with_interrupts(pool: Any, thread_ids: Sequence[str]) -> list[str]:
+    """Those of `thread_ids` whose head checkpoint holds an interrupt write: the threads that may
+    be paused on a question, in one query (a superset: `aget_state` says which question is
+    still pending). Callers pass ids they have checked the user owns."""
+    if not thread_ids:
+        return []
+    async with pool.connection() as conn:
+        cur = await conn.execute(PAUSED_THREADS_SQL, (list(thread_ids), INTERRUPT_CHANNEL))
+        return [row["thread_id"] for row in await cur.fetchall()]

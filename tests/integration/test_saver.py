@@ -147,3 +147,44 @@ async def test_fenced_writes_store_the_rows_the_library_would(
         ("t-1", serde.dumps_typed("last")[1]),
         ("t-2", serde.dumps_typed("kept")[1]),
     }
+
+
+async def test_threads_with_interrupts_finds_the_paused_ones_only(persistence: Persistence) -> None:
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Command, interrupt
+    from typing_extensions import TypedDict
+
+    from graphs.core.saver import threads_with_interrupts
+
+    class S(TypedDict, total=False):
+        ask: bool
+        answer: str
+
+    def node(state: S) -> dict[str, Any]:
+        return {"answer": interrupt("sure?") if state.get("ask") else "no question"}
+
+    builder = StateGraph(S)
+    builder.add_node(node)
+    builder.add_edge(START, "node")
+    graph = builder.compile(checkpointer=persistence.checkpointer)
+
+    def config(thread: str) -> Any:
+        return {"configurable": {"thread_id": thread}}
+
+    await graph.ainvoke({"ask": True}, config("paused"), durability=DURABILITY)
+    await graph.ainvoke({"ask": False}, config("finished"), durability=DURABILITY)
+    await graph.ainvoke({"ask": True}, config("answered"), durability=DURABILITY)
+    await graph.ainvoke(Command(resume="yes"), config("answered"), durability=DURABILITY)
+    await graph.ainvoke({"ask": True}, config("paused-again"), durability=DURABILITY)
+    await graph.ainvoke(Command(resume="yes"), config("paused-again"), durability=DURABILITY)
+    await graph.ainvoke({"ask": True}, config("paused-again"), durability=DURABILITY)
+
+    found = await threads_with_interrupts(
+        persistence.pool, ["paused", "finished", "answered", "paused-again", "never-ran"]
+    )
+
+    assert sorted(found) == ["paused", "paused-again"]
+    for thread in ("paused", "paused-again", "answered", "finished"):
+        pending = bool((await graph.aget_state(config(thread))).interrupts)
+        assert pending == (thread in found), thread
+    assert await threads_with_interrupts(persistence.pool, []) == []
