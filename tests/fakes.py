@@ -93,3 +93,54 @@ class ScriptedChatModel(GenericFakeChatModel):
 
 def _is_model(schema: object) -> TypeGuard[type[BaseModel]]:
     return isinstance(schema, type) and issubclass(schema, BaseModel)
+
+
+class FakeStep:
+    """Stands in for `cl.Step`: records what the chat would show for each step."""
+
+    shown: list[FakeStep] = []
+
+    def __init__(self, name: str = "", type: str = "", default_open: bool = False, **_: Any):
+        self.name, self.input, self.output, self.is_error = name, "", "", False
+        FakeStep.shown.append(self)
+
+    async def send(self) -> FakeStep:
+        return self
+
+    async def update(self) -> None:
+        return None
+
+    async def __aenter__(self) -> FakeStep:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class FakeTaskList:
+    """Stands in for `cl.TaskList`: keeps its tasks and status; every one made is recorded."""
+
+    made: list[FakeTaskList] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.tasks: list[Any] = []
+        self.status = kwargs.get("status", "")
+        FakeTaskList.made.append(self)
+
+    async def add_task(self, task: Any) -> None:
+        self.tasks.append(task)
+
+    async def send(self) -> None:
+        return None
+
+    async def update(self) -> None:
+        return None
+
+
+def fake_steps_and_task_lists(monkeypatch: Any) -> None:
+    """Chainlit's Step and TaskList replaced by the recording fakes, their records cleared."""
+    import chainlit as cl
+
+    FakeStep.shown, FakeTaskList.made = [], []
+    monkeypatch.setattr(cl, "Step", FakeStep)
+    monkeypatch.setattr(cl, "TaskList", FakeTaskList)

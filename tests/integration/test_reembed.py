@@ -70,6 +70,8 @@ class Interrupted(StandIn):
 
 
 STAND_IN = EmbeddingSpec("test:hash-stand-in", STAND_IN_DIMS, StandIn())
+SMALL_TARGET = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+"""Another deterministic model to re-embed into (other name and dimensions)."""
 
 FACTS_BY_USER = {
     "ana": [
@@ -359,7 +361,7 @@ async def test_the_new_index_is_not_ready_while_it_misses_a_live_item(
     pg_server_url: str, tmp_path: Path
 ) -> None:
     url = create_database(pg_server_url)
-    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    target = SMALL_TARGET
     table = vectors_table_for(target.name, target.dims)
     p = await opened(url, tmp_path, STAND_IN, target)
     try:
@@ -402,7 +404,7 @@ async def test_abandoning_is_refused_once_reads_have_switched(
     pg_server_url: str, tmp_path: Path
 ) -> None:
     url = create_database(pg_server_url)
-    target = EmbeddingSpec("test:hash-stand-in-32", 32, StandIn(dims=32))
+    target = SMALL_TARGET
     table = vectors_table_for(target.name, target.dims)
     p = await opened(url, tmp_path, STAND_IN, target)
     try:

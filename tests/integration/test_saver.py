@@ -31,6 +31,16 @@ def comparable(tuple_: Any) -> Any:
     )
 
 
+async def chat(graph: Any, config: Any, context: Context, *, turns: int) -> None:
+    for turn in range(turns):
+        await graph.ainvoke(
+            {"messages": [HumanMessage(f"turn {turn}")]},
+            config,
+            context=context,
+            durability=DURABILITY,
+        )
+
+
 async def test_checkpoint_reads_match_the_library_saver(persistence: Persistence) -> None:
     saver = persistence.checkpointer
     assert isinstance(saver, CairnSaver)
@@ -39,13 +49,7 @@ async def test_checkpoint_reads_match_the_library_saver(persistence: Persistence
     config: dict[str, Any] = {"configurable": {"thread_id": "saver-parity"}}
     context = Context(user_id="saver-u1", thread_id="saver-parity")
     # Past a DeltaChannel snapshot (every 10 updates), so the read crosses one.
-    for turn in range(13):
-        await graph.ainvoke(
-            {"messages": [HumanMessage(f"turn {turn}")]},
-            config,
-            context=context,
-            durability=DURABILITY,
-        )
+    await chat(graph, config, context, turns=13)
     latest = await saver.aget_tuple(config)
     assert latest is not None
     await saver.aput_writes(latest.config, [("messages", "pending")], task_id="t-1")
@@ -119,13 +123,7 @@ async def test_fenced_writes_store_the_rows_the_library_would(
     graph = build_graph(checkpointer=saver, store=persistence.store, model=OfflineChatModel())
     config: dict[str, Any] = {"configurable": {"thread_id": "mirror"}}
     context = Context(user_id="saver-u2", thread_id="mirror")
-    for turn in range(12):  # past a DeltaChannel snapshot
-        await graph.ainvoke(
-            {"messages": [HumanMessage(f"turn {turn}")]},
-            config,
-            context=context,
-            durability=DURABILITY,
-        )
+    await chat(graph, config, context, turns=12)  # past a DeltaChannel snapshot
     latest = await saver.aget_tuple(config)
     assert latest is not None
     # Two writes to one special channel in one call (one index): upserted, the last one stays;

@@ -3,6 +3,7 @@ callers, and a token scope, with no change to the MCP server or the token code."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from langgraph.types import Interrupt
 
 from auth.tokens import AccessTokens
 from graphs.core.settings import Settings
+from tests.unit.test_mcp_server import endpoint as mcp_endpoint
 from tests.unit.test_mcp_server import token
 from ui.agents import AGENTS
 from ui.mcp_server import Call, McpEndpoint, McpSurface, approval, instructions, token_scopes
@@ -52,14 +54,7 @@ WITH_SUMMARY = (*AGENTS, SUMMARY)
 
 
 def endpoint(agents: tuple[AgentSpec, ...]) -> McpEndpoint:
-    return McpEndpoint(
-        settings=Settings(),
-        public_url="http://localhost:8000",
-        pool=None,  # type: ignore[arg-type]
-        agents=agents,
-        runner=lambda: None,  # type: ignore[arg-type,return-value]
-        tokens=lambda: None,  # type: ignore[arg-type,return-value]
-    )
+    return mcp_endpoint(agents=agents)  # type: ignore[no-any-return]
 
 
 async def test_a_fourth_agent_gets_its_tool_with_its_own_arguments() -> None:
@@ -137,14 +132,7 @@ def test_it_is_a_token_scope_labelled_with_its_profile() -> None:
 
 
 def test_an_agent_without_a_tool_is_chat_only() -> None:
-    chat_only = AgentSpec(
-        key="notes",
-        profile="Notes",
-        description="",
-        build=lambda **_: None,
-        inputs=lambda text, _message_id: {"text": text},
-        view=lambda _context: None,  # type: ignore[arg-type,return-value]
-    )
+    chat_only = replace(SUMMARY, key="notes", profile="Notes", mcp=None)
     assert "notes" not in token_scopes((*AGENTS, chat_only))
     assert "notes" not in instructions((*AGENTS, chat_only))
 

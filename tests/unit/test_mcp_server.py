@@ -147,7 +147,7 @@ class FakeContext:
         self.said.append(text)
 
 
-def endpoint(tokens: FakeTokens) -> Any:
+def endpoint(tokens: FakeTokens | None = None, *, agents: Any = AGENTS) -> Any:
     from graphs.core.settings import Settings
     from ui.mcp_server import McpEndpoint
 
@@ -155,7 +155,7 @@ def endpoint(tokens: FakeTokens) -> Any:
         settings=Settings(),
         public_url="http://localhost:8000",
         pool=None,  # type: ignore[arg-type]
-        agents=AGENTS,
+        agents=agents,
         runner=lambda: None,  # type: ignore[arg-type,return-value]
         tokens=lambda: tokens,  # type: ignore[arg-type,return-value]
     )

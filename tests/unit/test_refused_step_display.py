@@ -9,6 +9,7 @@ import pytest
 from langchain_core.messages import AIMessage, ToolMessage
 
 from graphs.planner.graph import step_result
+from tests.fakes import FakeStep, fake_steps_and_task_lists
 from ui.agents.planner import PlanProgress, show_step
 from ui.agents.research import ResearchView
 
@@ -18,48 +19,9 @@ HOSTILE = (
 )
 
 
-class FakeStep:
-    """Records what the chat would show for one step."""
-
-    shown: list[FakeStep] = []
-
-    def __init__(self, name: str = "", type: str = "", default_open: bool = False, **_: Any):
-        self.name, self.input, self.output, self.is_error = name, "", "", False
-        FakeStep.shown.append(self)
-
-    async def send(self) -> FakeStep:
-        return self
-
-    async def update(self) -> None:
-        return None
-
-    async def __aenter__(self) -> FakeStep:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class FakeTaskList:
-    def __init__(self, **kwargs: Any) -> None:
-        self.tasks: list[Any] = []
-        self.status = kwargs.get("status", "")
-
-    async def add_task(self, task: Any) -> None:
-        self.tasks.append(task)
-
-    async def send(self) -> None:
-        return None
-
-    async def update(self) -> None:
-        return None
-
-
 @pytest.fixture(autouse=True)
 def fake_chat(monkeypatch):
-    FakeStep.shown = []
-    monkeypatch.setattr(cl, "Step", FakeStep)
-    monkeypatch.setattr(cl, "TaskList", FakeTaskList)
+    fake_steps_and_task_lists(monkeypatch)
 
 
 def task_call(call_id: str, description: str) -> dict[str, Any]:

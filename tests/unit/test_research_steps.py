@@ -6,7 +6,6 @@ import asyncio
 import re
 from typing import Annotated, Any
 
-import chainlit as cl
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
@@ -26,6 +25,7 @@ from graphs.research.state import merge_files
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import MemoryFetchLog
 from graphs.tools.search import LocalCorpus, SearchResult
+from tests.fakes import FakeStep, FakeTaskList, fake_steps_and_task_lists
 from ui.agents.research import ResearchRun, restore
 
 QUESTION = "When did the seed vault open and how do honeybees share the location of food?"
@@ -33,45 +33,9 @@ VAULT = "Research: seed vault. Write notes to notes/seed-vault.md"
 BEES = "Research: bee dances. Write notes to notes/bee-dances.md"
 
 
-class FakeStep:
-    """Records what the chat would show for one step."""
-
-    shown: list[FakeStep] = []
-
-    def __init__(self, name: str = "", type: str = "", default_open: bool = False, **_: Any):
-        self.name, self.input, self.output, self.is_error = name, "", "", False
-        FakeStep.shown.append(self)
-
-    async def send(self) -> FakeStep:
-        return self
-
-    async def update(self) -> None:
-        return None
-
-
-class FakeTaskList:
-    made: list[FakeTaskList] = []
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.tasks: list[Any] = []
-        self.status = kwargs.get("status", "")
-        FakeTaskList.made.append(self)
-
-    async def add_task(self, task: Any) -> None:
-        self.tasks.append(task)
-
-    async def send(self) -> None:
-        return None
-
-    async def update(self) -> None:
-        return None
-
-
 @pytest.fixture(autouse=True)
 def fake_chat(monkeypatch):
-    FakeStep.shown, FakeTaskList.made = [], []
-    monkeypatch.setattr(cl, "Step", FakeStep)
-    monkeypatch.setattr(cl, "TaskList", FakeTaskList)
+    fake_steps_and_task_lists(monkeypatch)
 
 
 def notes(*urls: str) -> dict[str, str]:
@@ -206,14 +170,8 @@ async def planned(graph: Any) -> None:
     await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, CONFIG, context=CONTEXT)
 
 
-async def _no_state() -> Any:
-    raise AssertionError("a run that did not finish reads no report")
-
-
-async def test_the_offline_research_run_ends_every_step_with_its_own_notes_sources():
-    graph = research_graph(OfflineResearchModel())
-    await planned(graph)
-    run = ResearchRun()
+async def approve_and_show(graph: Any, run: ResearchRun) -> None:
+    """Approve the plan and hand every update (subgraphs included) to the view, as the runner does."""
     async for namespace, chunk in graph.astream(
         Command(resume={"decision": "approve"}),
         CONFIG,
@@ -223,6 +181,17 @@ async def test_the_offline_research_run_ends_every_step_with_its_own_notes_sourc
     ):
         for node, delta in chunk.items():
             await run.update(namespace, node, delta)
+
+
+async def _no_state() -> Any:
+    raise AssertionError("a run that did not finish reads no report")
+
+
+async def test_the_offline_research_run_ends_every_step_with_its_own_notes_sources():
+    graph = research_graph(OfflineResearchModel())
+    await planned(graph)
+    run = ResearchRun()
+    await approve_and_show(graph, run)
     await run.view.finish("done")
     files = (await graph.aget_state(CONFIG)).values["files"]
     steps = research_steps()
@@ -335,15 +304,7 @@ async def test_a_run_the_user_stops_says_so_live_and_when_reopened():
     async def turn() -> None:
         # What the runner does: stream, and end the view in `finally` with status "failed".
         try:
-            async for namespace, chunk in graph.astream(
-                Command(resume={"decision": "approve"}),
-                CONFIG,
-                context=CONTEXT,
-                stream_mode="updates",
-                subgraphs=True,
-            ):
-                for node, delta in chunk.items():
-                    await run.update(namespace, node, delta)
+            await approve_and_show(graph, run)
         finally:
             await run.end("failed", _no_state)
 
