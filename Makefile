@@ -55,10 +55,11 @@ integration: $(STAMP)
 e2e: $(STAMP) browser nginx
 	$(BIN)/python -m pytest tests/e2e
 
-# Prints figures (time to first token, CPU per turn, sessions per worker, recall latency,
+# Prints figures (time to first token, CPU per turn and its parts, sessions per worker, recall latency,
 # checkpoint growth, job throughput). bench-capacity alone takes ~5-10 minutes.
 bench: $(STAMP)
 	$(BIN)/python -m bench.ttft
+	$(BIN)/python -m bench.turn_cpu
 	$(BIN)/python -m bench.capacity
 	$(BIN)/python -m bench.memory
 

@@ -21,7 +21,7 @@ from graphs.assistant.state import RecalledMemory, State
 from graphs.assistant.tools import TOOLS
 from graphs.core.context import Context
 from graphs.core.models import chat_model
-from graphs.core.nodes import bind
+from graphs.core.nodes import bind, on_loop
 from graphs.memory.recall import Recalled, memory_block, note_recalled, recall
 from graphs.memory.scoped import Memory, ScopedMemory
 
@@ -94,7 +94,7 @@ def build_graph(
     builder.add_node("tools", ToolNode(TOOLS, handle_tool_errors=True))
     builder.add_edge(START, "recall_memories")
     builder.add_edge("recall_memories", "assistant")
-    builder.add_conditional_edges("assistant", tools_condition)
+    builder.add_conditional_edges("assistant", on_loop(tools_condition))
     builder.add_edge("tools", "assistant")
     return builder.compile(checkpointer=checkpointer, store=store, name="assistant")
 

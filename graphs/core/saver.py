@@ -33,10 +33,13 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from psycopg import AsyncCursor
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
 from graphs.core import fence
 
@@ -168,9 +171,59 @@ class CairnSaver(AsyncPostgresSaver):
     ) -> RunnableConfig:
         token = _writing.set(True)
         try:
-            return await super().aput(config, checkpoint, metadata, new_versions)
+            return await self._put(config, checkpoint, metadata, new_versions)
         finally:
             _writing.reset(token)
+
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        # As the library's `aput`, but the channel blobs are serialised on the event loop, as
+        # `_put_writes` does for writes: a turn's blobs are the new messages (the history is a
+        # delta channel), and the library's worker-thread hop cost more than serialising them,
+        # three times a turn. The saver parity test (tests/integration/test_saver.py) holds the
+        # rows equal to the library's.
+        configurable = config["configurable"].copy()
+        thread_id = configurable.pop("thread_id")
+        checkpoint_ns = configurable.pop("checkpoint_ns")
+        parent_id = configurable.pop("checkpoint_id", None)
+        copy = checkpoint.copy()
+        copy["channel_values"] = copy["channel_values"].copy()
+        blob_values = {}
+        for key, value in checkpoint["channel_values"].items():
+            if isinstance(value, _DeltaSnapshot):
+                blob_values[key] = copy["channel_values"].pop(key)
+                copy["channel_values"][key] = True
+            elif not (value is None or isinstance(value, str | int | float | bool)):
+                blob_values[key] = copy["channel_values"].pop(key)
+        async with self._cursor(pipeline=True) as cur:
+            if blob_versions := {k: v for k, v in new_versions.items() if k in blob_values}:
+                await cur.executemany(
+                    self.UPSERT_CHECKPOINT_BLOBS_SQL,
+                    self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions),
+                )
+            await cur.execute(
+                self.UPSERT_CHECKPOINTS_SQL,
+                (
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint["id"],
+                    parent_id,
+                    Jsonb(copy),
+                    Jsonb(get_serializable_checkpoint_metadata(config, metadata)),
+                ),
+            )
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
 
     async def aput_writes(
         self,

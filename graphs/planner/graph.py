@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from graphs.core.context import Context
 from graphs.core.models import chat_model
-from graphs.core.nodes import bind, declare_subgraph
+from graphs.core.nodes import bind, declare_subgraph, on_loop
 from graphs.memory.plans import PlanMemory, summary_key
 from graphs.planner import prompts
 from graphs.planner.sql import markdown_tables
@@ -107,7 +107,7 @@ def build_graph(
         max_rounds=review_rounds or settings.planner_review_rounds,
     )
     builder = StateGraph(State, context_schema=Context)
-    builder.add_node(start_goal)
+    builder.add_node(on_loop(start_goal))
     builder.add_node(bind(plan, deps=deps))
     builder.add_node(
         bind(review_plan, deps=deps),
@@ -118,9 +118,9 @@ def build_graph(
     builder.add_node(bind(finalize, deps=deps))
     builder.add_edge(START, "start_goal")
     builder.add_edge("start_goal", "plan")
-    builder.add_conditional_edges("plan", route_after_plan)
+    builder.add_conditional_edges("plan", on_loop(route_after_plan))
     builder.add_edge("execute_step", "replan")
-    builder.add_conditional_edges("replan", bind(route_after_replan, budget=deps.budget))
+    builder.add_conditional_edges("replan", on_loop(bind(route_after_replan, budget=deps.budget)))
     builder.add_edge("finalize", END)
     graph = builder.compile(checkpointer=checkpointer, store=store, name="planner")
     return declare_subgraph(graph, "execute_step", deps.executor)
@@ -306,7 +306,7 @@ def build_executor(
         "tools", ToolNode(tools, messages_key="step_messages", handle_tool_errors=True)
     )
     builder.add_edge(START, "act")
-    builder.add_conditional_edges("act", route_tools)
+    builder.add_conditional_edges("act", on_loop(route_tools))
     builder.add_edge("tools", "act")
     return builder.compile(name="executor")
 

@@ -18,7 +18,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from graphs.core.context import Context
-from graphs.core.nodes import bind, declare_subgraph
+from graphs.core.nodes import bind, declare_subgraph, on_loop
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
@@ -177,15 +177,17 @@ def build_graph(
     deps = ResearchDeps.of(models, tools or default_tools(store, settings), settings)
     builder = StateGraph(State, context_schema=Context)
     builder.add_node(bind(write_plan, deps=deps))
-    builder.add_node(review_plan, destinations=("research", "write_plan", "review_plan", END))
+    builder.add_node(
+        on_loop(review_plan), destinations=("research", "write_plan", "review_plan", END)
+    )
     builder.add_node(bind(research, deps=deps))
     builder.add_node(bind(check_citations, deps=deps))
-    builder.add_node(reopen_claims)
+    builder.add_node(on_loop(reopen_claims))
     builder.add_node(bind(finalize, deps=deps))
     builder.add_edge(START, "write_plan")
     builder.add_edge("write_plan", "review_plan")
     builder.add_edge("research", "check_citations")
-    builder.add_conditional_edges("check_citations", bind(route_after_check, deps=deps))
+    builder.add_conditional_edges("check_citations", on_loop(bind(route_after_check, deps=deps)))
     builder.add_edge("reopen_claims", "research")
     builder.add_edge("finalize", END)
     graph = builder.compile(checkpointer=checkpointer, store=store, name="research")

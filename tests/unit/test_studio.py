@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
@@ -13,7 +14,10 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables.config import run_in_executor
+from langgraph._internal._runnable import RunnableCallable
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.pregel import Pregel
 from langgraph.store.memory import InMemoryStore
 
@@ -101,6 +105,49 @@ async def test_each_graph_loads_as_the_cli_loads_it(
     graph.get_graph(xray=1)  # Studio draws it
     # The Planner's factory sets up the database its SQL tools read, once.
     assert prepared == ([True] if graph_id == "planner" else [])
+
+
+def thread_hops(graph: Pregel, path: str = "") -> list[str]:
+    """Nodes and routers, in `graph` and its subgraphs, that LangGraph would call in a worker
+    thread: a synchronous function, which an async run hands to `run_in_executor`."""
+
+    def hops(runnable: Any) -> bool:
+        return (
+            isinstance(runnable, RunnableCallable)
+            and isinstance(runnable.afunc, functools.partial)
+            and runnable.afunc.func is run_in_executor
+        )
+
+    builder = graph.builder  # type: ignore[attr-defined]
+    found = [f"{path}{name}" for name, node in builder.nodes.items() if hops(node.runnable)]
+    found += [
+        f"{path}{source} -> {name}"
+        for source, branches in builder.branches.items()
+        for name, branch in branches.items()
+        if hops(branch.path)
+    ]
+    for name, subgraph in graph.get_subgraphs():
+        found += thread_hops(subgraph, f"{path}{name}/")
+    return found
+
+
+@pytest.mark.parametrize("graph_id", sorted(NODES))
+def test_no_node_or_router_runs_in_a_worker_thread(graph_id: str) -> None:
+    # A synchronous router costs a thread hop per call, ~0.8 ms of CPU (bench.turn_cpu):
+    # graphs.core.nodes.on_loop keeps such functions on the event loop.
+    module, value = load(graph_id)
+    graph = module.__dict__["_planner"] if graph_id == "planner" else value
+
+    assert thread_hops(graph) == []
+
+
+def test_thread_hops_finds_a_synchronous_router() -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node("a", lambda state: {})
+    builder.add_edge(START, "a")
+    builder.add_conditional_edges("a", lambda state: END)
+
+    assert thread_hops(builder.compile()) == ["a", "a -> condition"]
 
 
 async def test_the_studio_assistant_answers_one_offline_turn() -> None:
