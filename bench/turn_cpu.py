@@ -74,7 +74,23 @@ async def _measure(turn: Turn, turns: range) -> Sample:
     )
 
 
-def _graph_turn(p: Persistence, checkpointer: Any, label: str) -> Turn:
+LONG_REPLY_WORDS = 300
+"""A real model's reply streams a few hundred tokens; the offline echo streams seven words."""
+
+
+def _long_replies() -> Any:
+    from graphs.assistant.offline import OfflineAssistant
+    from graphs.core.offline import Turn as ModelTurn
+    from graphs.core.offline import say
+
+    class LongReplies(OfflineAssistant):
+        def respond(self, turn: ModelTurn) -> Any:
+            return say(" ".join(f"word{i}" for i in range(LONG_REPLY_WORDS)))
+
+    return LongReplies()
+
+
+def _graph_turn(p: Persistence, checkpointer: Any, label: str, model: Any = None) -> Turn:
     from langchain_core.messages import HumanMessage
 
     from graphs.assistant.graph import build_graph
@@ -82,7 +98,9 @@ def _graph_turn(p: Persistence, checkpointer: Any, label: str) -> Turn:
     from graphs.core.context import Context
     from graphs.core.runs import DURABILITY
 
-    graph = build_graph(checkpointer=checkpointer, store=p.store, model=offline_assistant())
+    graph = build_graph(
+        checkpointer=checkpointer, store=p.store, model=model or offline_assistant()
+    )
     thread_id = f"bench-cpu-{label}-{uuid.uuid4()}"
     context = Context(user_id=f"bench:cpu-{label}", thread_id=thread_id)
     config: RunnableConfig = {"configurable": {"thread_id": thread_id}, "recursion_limit": 25}
@@ -119,6 +137,9 @@ async def measure(p: Persistence, turns: int, rounds: int) -> dict[str, list[Sam
         "query embedding": _embedding_turn(p),
         "graph, checkpoints in memory": _graph_turn(p, InMemorySaver(), "memory"),
         "graph, checkpoints in Postgres": _graph_turn(p, p.checkpointer, "postgres"),
+        f"same, {LONG_REPLY_WORDS}-word reply": _graph_turn(
+            p, p.checkpointer, "long", _long_replies()
+        ),
     }
     for turn in variants.values():
         await _measure(turn, range(WARMUP_TURNS))
@@ -158,7 +179,11 @@ def render(summary: dict[str, dict[str, float]], turns: int, rounds: int) -> str
         )
     pg, mem = summary["graph, checkpoints in Postgres"], summary["graph, checkpoints in memory"]
     emb = summary["query embedding"]
+    long = summary[f"same, {LONG_REPLY_WORDS}-word reply"]
+    per_token = (long["process_cpu_ms"] - pg["process_cpu_ms"]) / (LONG_REPLY_WORDS - 7) * 1000
     lines += [
+        f"  Each streamed token costs the graph {per_token:.0f} us of CPU (the long reply against "
+        "the seven-word echo).",
         f"  Postgres checkpoints add {pg['process_cpu_ms'] - mem['process_cpu_ms']:.2f} ms; the graph "
         f"without its query embedding is {pg['process_cpu_ms'] - emb['process_cpu_ms']:.2f} ms.",
         "  A whole turn adds Chainlit (bench.ttft's bare handler), ownership, the run lock and the",
