@@ -146,7 +146,7 @@ class McpTool:
     """Offer `pre_approve`: why a pending question (its value, given the token's model-call
     budget) may not be approved at once, or None when it may."""
     pauses: bool = False
-    """Its runs pause for approval of a plan (the server's instructions say so)."""
+    """Its runs pause for approval (the server's instructions say so)."""
     result: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     """Fields a finished run adds to (or replaces in) the tool's result, from the final
     state and the app's public URL; None keeps the plain reply."""

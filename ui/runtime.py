@@ -163,7 +163,7 @@ def prepare(app: FastAPI) -> AppRuntime:
             lambda: pool,
         ),
     )
-    mount_before_catch_all(app, build_tokens_router(token_scopes(AGENTS)))
+    mount_before_catch_all(app, build_tokens_router(AGENTS))
     mcp = McpEndpoint(
         settings=settings,
         public_url=public_url,
