@@ -179,6 +179,10 @@ class AgentSpec:
     """Show a reopened conversation's panels (task list, final status) from its state."""
     after_turn: Callable[[Any, Context], Awaitable[None]] | None = None
     """Run off the reply's path after a finished or paused run (given the runner's services)."""
+    memory_jobs: bool = False
+    """Its conversations feed long-term memory: after a finished or paused run with memory on,
+    the thread's debounced memory job is pushed back, and the job reads the thread's messages
+    from this agent's graph (ui/runtime.memory_loader)."""
     memory_prefetch: bool = False
     """Start embedding the message for recall while ownership and the checkpoint load."""
     order: int = 100
@@ -287,7 +291,8 @@ class Runner:
         self.threads = threads
         self.locks = locks
         self.services = services
-        """Handed to after-turn hooks (e.g. the memory job queue)."""
+        """Handed to after-turn hooks; its `memory_jobs` takes the memory job of an agent that
+        learns from its conversations (AgentSpec.memory_jobs)."""
         self.journal = journal
         """Runs in progress in Postgres, so a dead worker's runs are resumed (None: not kept)."""
         self.stale_s = stale_s
@@ -700,8 +705,11 @@ class Runner:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
             )
-        if outcome.status in ("done", "paused") and spec.after_turn is not None:
-            self._in_background(spec.after_turn(self.services, context))
+        if outcome.status in ("done", "paused"):
+            if spec.memory_jobs:
+                self._in_background(self._schedule_memory_job(context))
+            if spec.after_turn is not None:
+                self._in_background(spec.after_turn(self.services, context))
         return outcome
 
     async def _journal_finished(self, thread_id: str, outcome: RunOutcome) -> None:
@@ -823,6 +831,12 @@ class Runner:
             total_s * 1000,
         )
         return RunOutcome(status, list(interrupts.values()), reply)
+
+    async def _schedule_memory_job(self, context: Context) -> None:
+        """Off the reply's path: push back this thread's debounced memory job."""
+        jobs = getattr(self.services, "memory_jobs", None)
+        if jobs is not None and context.memory:
+            await jobs.message_arrived(user_id=context.user_id, thread_id=context.thread_id)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
