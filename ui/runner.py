@@ -67,8 +67,10 @@ RUN_LOST = (
 Status = Literal[
     "done", "paused", "stopped", "failed", "unavailable", "busy", "not_found", "refused"
 ]
-"""`unavailable`: Postgres was away (the user got DATABASE_DOWN with Retry); `busy`: another
-run of the thread really is running."""
+"""`stopped`: the run hit its step (recursion) limit; `refused`: not run, or stopped midway,
+because the user's data was wiped or the request was not theirs to make; `unavailable`:
+Postgres was away (the user got DATABASE_DOWN with Retry); `busy`: another run of the thread
+really is running."""
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
 Ask = Callable[[str, int], Awaitable[str | None]]
 """Ask the user a question (text, timeout in seconds); their answer, or None."""
@@ -789,7 +791,7 @@ class Runner:
             log.warning(
                 "%s run stopped: its user's data was wiped (thread %s)", spec.key, context.thread_id
             )
-            status = "stopped"
+            status = "refused"  # as a run refused before it started: nothing of it is kept
             await surface.refuse(str(exc))
         except GraphRecursionError:
             log.warning("%s run hit its recursion limit (thread %s)", spec.key, context.thread_id)

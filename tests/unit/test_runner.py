@@ -523,7 +523,7 @@ async def test_a_run_whose_writes_are_refused_stops_with_the_session_notice_and_
         outcome = await send(runner, surface, "hi")
     await runner.drain()
 
-    assert outcome.status == "stopped"
+    assert outcome.status == "refused"  # not "stopped", as a run at the step limit is
     assert surface.said == [("refuse", fence.SESSION_ENDED)]
     assert seen == []
     # Every write carried the session's authority.
