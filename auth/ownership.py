@@ -102,7 +102,8 @@ def http_refusal() -> HTTPException:
 
 
 async def thread_record(pool: Pool, *, thread_id: str) -> tuple[str, OwnedThread] | None:
-    """A thread's owner and record, for the support role only (everyone else: require_owner)."""
+    """A thread's owner and record, for the support role and for background jobs that have
+    checked ownership themselves (everyone else: require_owner)."""
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT owner_id, agent, temporary FROM cairn_threads WHERE thread_id = %s",

@@ -48,7 +48,7 @@ function row(token) {
       `${state} · agents: ${token.scopes.join(", ")} · expires ${when(token.expires_at)} · ` +
         `last used ${when(token.last_used_at)} · ${token.max_concurrent} at once, ` +
         `${token.max_runs_per_hour}/hour, ${token.max_model_calls} model calls per run` +
-        (token.pre_approve ? " · may pre-approve low-risk plans" : ""),
+        (token.pre_approve ? " · may pre-approve low-risk approvals" : ""),
       "meta",
     ),
   );
@@ -91,6 +91,9 @@ async function load() {
   const data = await api("GET", "/api/tokens");
   $("endpoint").textContent = data.endpoint;
   scopeBoxes(data.agents);
+  // Only agents whose questions can be pre-approved are named (none: no switch).
+  $("preapprove-agents").textContent = data.pre_approvable.join(", ");
+  $("preapprove-switch").hidden = !data.pre_approvable.length;
   $("token-days").max = data.limits.max_days;
   $("token-concurrent").placeholder = data.limits.max_concurrent;
   $("token-hourly").placeholder = data.limits.max_runs_per_hour;

@@ -63,8 +63,8 @@ NO_PRE_APPROVAL = (
     "settings page; otherwise answer the returned approval with answer_approval."
 )
 PAUSED = (
-    "runs pause for approval of their plan: the result then has status 'paused', the "
-    "thread_id and the pending plan; call answer_approval to approve, edit or reject it."
+    "runs pause for approval: the result then has status 'paused', the thread_id and what "
+    "is waiting (approval); call answer_approval with one of the decisions it lists."
 )
 
 
@@ -85,9 +85,37 @@ def instructions(agents: Sequence[AgentSpec]) -> str:
     text = "Cairn's agents as tools. " + "; ".join(f"{t.name} {t.summary}" for t in tools) + "."
     pausing = [spec.profile for spec in offered(agents) if spec.mcp and spec.mcp.pauses]
     if pausing:
-        names = pausing[-1] if len(pausing) == 1 else f"{', '.join(pausing[:-1])} and {pausing[-1]}"
-        text += f" {names} {PAUSED}"
+        text += f" {_listed(pausing, 'and')} {PAUSED}"
     return text + " Pass a thread_id to continue a conversation."
+
+
+def _listed(names: Sequence[str], last: str) -> str:
+    return names[-1] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
+def pre_approvable(agents: Sequence[AgentSpec]) -> list[str]:
+    """The profile names of the agents whose pending questions a token may pre-approve."""
+    return [spec.profile for spec in offered(agents) if spec.mcp and spec.mcp.pre_approve]
+
+
+def answer_decisions(agents: Sequence[AgentSpec]) -> list[str]:
+    """Every decision a question of an agent offered over MCP accepts."""
+    return sorted(
+        {d for spec in offered(agents) for kind in spec.interrupts for d in kind.decisions}
+    )
+
+
+def answer_description(agents: Sequence[AgentSpec]) -> str:
+    """answer_approval's description for the calling model: whose runs pause, and how an
+    answer is given (each question lists its own decisions and what an edit holds)."""
+    asking = [spec.profile for spec in offered(agents) if spec.interrupts]
+    text = (
+        f"Answer what a paused {_listed(asking, 'or')} run of yours is waiting for, and let "
+        "it continue: give one of the decisions its approval lists."
+    )
+    if "edit" in answer_decisions(agents):
+        text += " For 'edit', put in `edit` what the approval's `edit` field asks for."
+    return text
 
 
 def tool_signature(tool: McpTool) -> inspect.Signature:
@@ -298,20 +326,30 @@ class McpEndpoint:
     def _register_tools(self) -> None:
         for spec in self.agents:
             self._add_agent_tool(spec)
-        tool = self.server.tool
+        decisions = answer_decisions(self.agents)
+        if decisions:
+            self._add_answer_tool(decisions)
 
-        @tool(name="answer_approval", title="Answer a pending approval")
+    def _add_answer_tool(self, decisions: Sequence[str]) -> None:
+        """answer_approval, taking the decisions the agents' questions declare."""
+
         async def answer_approval(
             thread_id: str,
-            decision: Literal["approve", "edit", "reject", "confirm"],
+            decision: str,
             ctx: Context,
             edit: str | None = None,
             interrupt_id: str | None = None,
         ) -> dict[str, Any]:
-            """Answer what a paused run of yours is waiting for, and let it continue. For
-            'edit', give the new plan steps or research topics in `edit`, one per line (or,
-            for a plan, one sentence of feedback)."""
             return await self._answer(ctx, thread_id, decision, edit, interrupt_id)
+
+        # FastMCP builds the argument schema from the annotations: the decisions as an enum.
+        answer_approval.__annotations__["decision"] = Literal[tuple(decisions)]  # type: ignore[valid-type]
+        self.server.add_tool(
+            answer_approval,
+            name="answer_approval",
+            title="Answer a pending approval",
+            description=answer_description(self.agents),
+        )
 
     def _add_agent_tool(self, spec: AgentSpec) -> None:
         """The tool that starts a run of one agent, as its spec declares it."""
@@ -414,7 +452,7 @@ class McpEndpoint:
         if pending is None or why is not None:
             surface.values["pre_approval"] = f"not applied: {why}"
             return outcome
-        log.info("token %s pre-approved plan on thread %s", call.token.id, call.thread_id)
+        log.info("token %s pre-approved the question on thread %s", call.token.id, call.thread_id)
         answered = await runner.answer(
             surface,
             user_id=call.token.user_id,

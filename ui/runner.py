@@ -67,8 +67,10 @@ RUN_LOST = (
 Status = Literal[
     "done", "paused", "stopped", "failed", "unavailable", "busy", "not_found", "refused"
 ]
-"""`unavailable`: Postgres was away (the user got DATABASE_DOWN with Retry); `busy`: another
-run of the thread really is running."""
+"""`stopped`: the run hit its step (recursion) limit; `refused`: not run, or stopped midway,
+because the user's data was wiped or the request was not theirs to make; `unavailable`:
+Postgres was away (the user got DATABASE_DOWN with Retry); `busy`: another run of the thread
+really is running."""
 LoadState = Callable[[], Awaitable["StateSnapshot"]]
 Ask = Callable[[str, int], Awaitable[str | None]]
 """Ask the user a question (text, timeout in seconds); their answer, or None."""
@@ -146,7 +148,7 @@ class McpTool:
     """Offer `pre_approve`: why a pending question (its value, given the token's model-call
     budget) may not be approved at once, or None when it may."""
     pauses: bool = False
-    """Its runs pause for approval of a plan (the server's instructions say so)."""
+    """Its runs pause for approval (the server's instructions say so)."""
     result: Callable[[dict[str, Any], str], dict[str, Any] | None] | None = None
     """Fields a finished run adds to (or replaces in) the tool's result, from the final
     state and the app's public URL; None keeps the plain reply."""
@@ -179,6 +181,10 @@ class AgentSpec:
     """Show a reopened conversation's panels (task list, final status) from its state."""
     after_turn: Callable[[Any, Context], Awaitable[None]] | None = None
     """Run off the reply's path after a finished or paused run (given the runner's services)."""
+    memory_jobs: bool = False
+    """Its conversations feed long-term memory: after a finished or paused run with memory on,
+    the thread's debounced memory job is pushed back, and the job reads the thread's messages
+    from this agent's graph (ui/runtime.memory_loader)."""
     memory_prefetch: bool = False
     """Start embedding the message for recall while ownership and the checkpoint load."""
     order: int = 100
@@ -287,7 +293,8 @@ class Runner:
         self.threads = threads
         self.locks = locks
         self.services = services
-        """Handed to after-turn hooks (e.g. the memory job queue)."""
+        """Handed to after-turn hooks; its `memory_jobs` takes the memory job of an agent that
+        learns from its conversations (AgentSpec.memory_jobs)."""
         self.journal = journal
         """Runs in progress in Postgres, so a dead worker's runs are resumed (None: not kept)."""
         self.stale_s = stale_s
@@ -700,8 +707,11 @@ class Runner:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
             )
-        if outcome.status in ("done", "paused") and spec.after_turn is not None:
-            self._in_background(spec.after_turn(self.services, context))
+        if outcome.status in ("done", "paused"):
+            if spec.memory_jobs:
+                self._in_background(self._schedule_memory_job(context))
+            if spec.after_turn is not None:
+                self._in_background(spec.after_turn(self.services, context))
         return outcome
 
     async def _journal_finished(self, thread_id: str, outcome: RunOutcome) -> None:
@@ -781,7 +791,7 @@ class Runner:
             log.warning(
                 "%s run stopped: its user's data was wiped (thread %s)", spec.key, context.thread_id
             )
-            status = "stopped"
+            status = "refused"  # as a run refused before it started: nothing of it is kept
             await surface.refuse(str(exc))
         except GraphRecursionError:
             log.warning("%s run hit its recursion limit (thread %s)", spec.key, context.thread_id)
@@ -823,6 +833,12 @@ class Runner:
             total_s * 1000,
         )
         return RunOutcome(status, list(interrupts.values()), reply)
+
+    async def _schedule_memory_job(self, context: Context) -> None:
+        """Off the reply's path: push back this thread's debounced memory job."""
+        jobs = getattr(self.services, "memory_jobs", None)
+        if jobs is not None and context.memory:
+            await jobs.message_arrived(user_id=context.user_id, thread_id=context.thread_id)
 
     def _in_background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
 from auth.oauth import register_local_provider
+from auth.ownership import thread_record
 from auth.sessions import EndedSessionGuard, SessionRevocations
 from auth.tokens import AccessTokens
 from graphs.assistant.offline import offline_assistant
@@ -45,7 +46,11 @@ from ui.support_page import build_router as build_support_router
 from ui.tokens_page import build_router as build_tokens_router
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from graphs.core.persistence import Pool
+    from graphs.memory.writer import MessageLoader
+    from ui.runner import AgentSpec
 
 log = logging.getLogger("cairn")
 
@@ -163,7 +168,7 @@ def prepare(app: FastAPI) -> AppRuntime:
             lambda: pool,
         ),
     )
-    mount_before_catch_all(app, build_tokens_router(token_scopes(AGENTS)))
+    mount_before_catch_all(app, build_tokens_router(AGENTS))
     mcp = McpEndpoint(
         settings=settings,
         public_url=public_url,
@@ -290,20 +295,33 @@ async def stop() -> None:
         _runtime.tracing.shutdown()
 
 
-async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> MemoryJobs:
-    """The debounced write_memory worker runs inside every app process."""
-    assistant = runtime.graphs["assistant"]
+def memory_loader(
+    pool: Pool, graphs: Mapping[str, Any], agents: Sequence[AgentSpec]
+) -> MessageLoader:
+    """What a memory job learns from: the thread's messages, read from the graph of the agent
+    the thread was started with when that agent feeds memory (AgentSpec.memory_jobs); nothing
+    otherwise. The job has already checked the thread is its user's."""
+    learning = {spec.key for spec in agents if spec.memory_jobs}
 
     async def load_messages(thread_id: str) -> list[Any]:
-        state = await assistant.aget_state({"configurable": {"thread_id": thread_id}})
+        record = await thread_record(pool, thread_id=thread_id)
+        if record is None or record[1].agent not in learning:
+            return []
+        graph = graphs[record[1].agent]
+        state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
         return list(state.values.get("messages", []))
 
+    return load_messages
+
+
+async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> MemoryJobs:
+    """The debounced write_memory worker runs inside every app process."""
     settings = runtime.settings
     jobs = MemoryJobs(
         pool=runtime.pool,
         store=persistence.store,
         model=offline_assistant() if settings.offline else chat_model("memory_writer"),
-        load_messages=load_messages,
+        load_messages=memory_loader(runtime.pool, runtime.graphs, AGENTS),
         idle_seconds=settings.memory_idle_seconds,
         max_attempts=settings.memory_job_attempts,
     )

@@ -18,12 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.tokens import TokenLimits
 from ui.mcp_server import PATH as MCP_PATH
+from ui.mcp_server import pre_approvable, token_scopes
 from ui.memory_page import Checked, Runtime
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Sequence
 
     from auth.tokens import AccessTokens
+    from ui.runner import AgentSpec
 
 PAGE = Path(__file__).resolve().parent.parent / "public" / "tokens.html"
 
@@ -49,11 +51,13 @@ def _tokens(runtime: Any) -> AccessTokens:
     return tokens
 
 
-def build_router(scopes: Mapping[str, str]) -> APIRouter:
+def build_router(specs: Sequence[AgentSpec]) -> APIRouter:
     """The page and its API (the runtime comes from the memory page's dependency), for the
-    given token scopes (agent key -> label, ui.mcp_server.token_scopes)."""
+    given agents: a token scope for each offered over MCP, and the pre-approval switch naming
+    the agents that offer it."""
     router = APIRouter()
-    agents = [{"scope": scope, "label": label} for scope, label in scopes.items()]
+    agents = [{"scope": scope, "label": label} for scope, label in token_scopes(specs).items()]
+    may_pre_approve = pre_approvable(specs)
 
     @router.get("/tokens", include_in_schema=False)
     async def page() -> FileResponse:
@@ -66,6 +70,7 @@ def build_router(scopes: Mapping[str, str]) -> APIRouter:
             "endpoint": f"{runtime.public_url}{MCP_PATH}",
             "enabled": settings.mcp_enabled,
             "agents": agents,
+            "pre_approvable": may_pre_approve,
             "tokens": [t.public() for t in await _tokens(runtime).owned(user_id)],
             "limits": {
                 "max_days": settings.mcp_token_max_days,

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, Literal, cast
 
 from langgraph.checkpoint.postgres import _ainternal
@@ -109,6 +111,27 @@ _STAMP_EXISTING = (
 )
 
 
+# The library's upsert replaces the whole value; `aput_keeping_latest` has it keep the later of
+# the stored and the new text of some top-level fields (NULLs ignored, none: no field added).
+_LIBRARY_SET = "SET value = EXCLUDED.value,"
+_KEEP_LATEST = (
+    "jsonb_strip_nulls(jsonb_build_object('{f}',"
+    " GREATEST(store.value->>'{f}', EXCLUDED.value->>'{f}')))"
+)
+_FIELD_NAME = re.compile(r"^[a-z_]+$")
+_keeping_latest: ContextVar[tuple[str, ...]] = ContextVar("cairn_store_keep_latest", default=())
+"""The fields the puts prepared in this context keep the latest of (set by aput_keeping_latest)."""
+
+
+def keeping_latest(query: str, fields: Sequence[str]) -> str:
+    """The library's store upsert, merging `fields` by their latest value on conflict."""
+    if _LIBRARY_SET not in query:
+        msg = f"unexpected shape of the store's upsert: {query!r}"
+        raise RuntimeError(msg)
+    merged = " || ".join(_KEEP_LATEST.format(f=f) for f in fields)
+    return query.replace(_LIBRARY_SET, f"SET value = EXCLUDED.value || {merged},")
+
+
 # An item's vector in the other index, only while the item exists: a delete that landed
 # first wins (and one landing later cascades). updated_at orders it after the item's write,
 # which is how the re-embedding's catch-up pass tells a missed write.
@@ -184,9 +207,43 @@ class PipelinedStore(AsyncPostgresStore):
     mirror: VectorIndex | None = None
     """Another model's index every indexed put is also written to (during a re-embedding)."""
 
+    async def aput_keeping_latest(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        *,
+        fields: Sequence[str],
+    ) -> None:
+        """`aput`, except that an update keeps the later of the stored and the new value of each
+        of these top-level fields (ISO timestamps in UTC, as `astamp_existing` writes them).
+
+        The merge is in the upsert itself, so a stamp committed between the caller's read and
+        this write is kept, and one after it stamps the new row: none is lost.
+        """
+        if not all(_FIELD_NAME.match(f) for f in fields):
+            msg = f"field names must be lower-case words: {list(fields)}"
+            raise ValueError(msg)
+        reset = _keeping_latest.set(tuple(fields))
+        try:
+            if fence.current() is not None:
+                await self.aput(namespace, key, value)
+                return
+            # In this task (whose context holds the fields), not the store's batching task.
+            _validate_namespace(namespace)
+            ttl = _ensure_ttl(self.ttl_config, NOT_PROVIDED)
+            await self.abatch([PutOp(namespace, key, value, None, ttl=ttl)])
+        finally:
+            _keeping_latest.reset(reset)
+
     # The library names `store_vectors` in its SQL; another index only swaps the table name.
     def _prepare_batch_PUT_queries(self, put_ops: Any) -> Any:
         queries, embedding_request = super()._prepare_batch_PUT_queries(put_ops)
+        if fields := _keeping_latest.get():
+            queries = [
+                (keeping_latest(q, fields) if "INSERT INTO store " in q else q, p)
+                for q, p in queries
+            ]
         if embedding_request is not None:
             query, params = embedding_request
             embedding_request = (_in_table(query, self.vectors_table), params)

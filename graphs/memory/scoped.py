@@ -269,13 +269,13 @@ class ScopedMemory:
         """Upsert by stable key. Callers validate first (graphs.memory.policy) and hold the lock.
 
         An update keeps when the memory was last recalled: an edit, a job's update or a
-        `remember` of the same key is the same memory, used as recently as before. Read under
-        the caller's lock, so no forget lands in between; a recall stamping the item in that
-        one round trip is lost, and the memory shows the stamp before it.
+        `remember` of the same key is the same memory, used as recently as before. On Postgres
+        the upsert keeps the later of the stored stamp and none (one statement, so a recall
+        stamping the item meanwhile is never lost); elsewhere the stamp is read and carried,
+        under the lock `mark_recalled` also holds there.
         """
         ns = self._ns(self.kind_for(key))
-        current = await self._store.aget(ns, key, refresh_ttl=False)
-        value = {
+        value: dict[str, Any] = {
             "content": content,
             "category": category,
             "updated_at": now_iso(),
@@ -283,6 +283,10 @@ class ScopedMemory:
             "confidence": confidence,
             "stated": stated,
         }
+        if isinstance(self._store, PipelinedStore):
+            await self._store.aput_keeping_latest(ns, key, value, fields=(LAST_RECALLED,))
+            return
+        current = await self._store.aget(ns, key, refresh_ttl=False)
         if current is not None and current.value.get(LAST_RECALLED):
             value[LAST_RECALLED] = current.value[LAST_RECALLED]
         await self._store.aput(ns, key, value)

@@ -473,3 +473,48 @@ async def test_later_messages_move_the_deadline_without_queueing_and_a_cancel_le
         await jobs.message_arrived(user_id=user, thread_id=thread)
         assert deferred == [thread, thread]
         assert await queued_jobs(db, user) == 1
+
+
+async def test_a_memory_job_reads_the_thread_from_the_graph_of_an_agent_that_learns(
+    db: Persistence,
+) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from ui.runner import AgentSpec
+    from ui.runtime import memory_loader
+
+    def reply(_state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("Noted.")]}
+
+    def build(**_: Any) -> Any:
+        builder = StateGraph(MessagesState)
+        builder.add_node(reply)
+        builder.add_edge(START, "reply")
+        return builder.compile(checkpointer=InMemorySaver())
+
+    def spec(key: str, *, learns: bool) -> AgentSpec:
+        return AgentSpec(
+            key=key,
+            profile=key.title(),
+            description="",
+            build=build,
+            inputs=lambda text, _mid: {"messages": [HumanMessage(text)]},
+            view=lambda _context: None,  # type: ignore[arg-type,return-value]
+            memory_jobs=learns,
+        )
+
+    agents = (spec("notes", learns=True), spec("tasks", learns=False))
+    graphs = {agent.key: agent.build() for agent in agents}
+    user = new_id("user")
+    threads = {}
+    for agent in agents:
+        threads[agent.key] = new_id("thread")
+        await claim_thread(db.pool, thread_id=threads[agent.key], user_id=user, agent=agent.key)
+        config = {"configurable": {"thread_id": threads[agent.key]}}
+        await graphs[agent.key].ainvoke({"messages": [HumanMessage("I live in Lyon")]}, config)
+    load = memory_loader(db.pool, graphs, agents)
+
+    assert [m.text for m in await load(threads["notes"])] == ["I live in Lyon", "Noted."]
+    assert await load(threads["tasks"]) == []
+    assert await load(new_id("thread")) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -12,6 +14,7 @@ from langchain_core.messages.tool import tool_call
 
 from graphs.assistant.graph import build_graph
 from graphs.assistant.offline import offline_assistant
+from graphs.core import fence
 from graphs.core.context import Context
 from graphs.core.persistence import Persistence
 from graphs.memory.manage import edit_memory
@@ -166,6 +169,51 @@ async def test_an_update_of_a_memory_keeps_when_it_was_last_used(
     assert now.last_recalled_at is not None
     # Recalled again by the turn that asked for the update, or not: never wiped.
     assert now.last_recalled_at >= STAMPED
+
+
+async def _waiting_on_a_lock(persistence: Persistence) -> bool:
+    async with persistence.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        row = await cur.fetchone()
+    return row is not None and row["n"] > 0
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["job", "session"])
+async def test_a_recall_stamping_a_memory_while_it_is_updated_is_not_lost(
+    persistence: Persistence, fenced: bool
+) -> None:
+    user = f"user-{uuid.uuid4()}"
+    mine = ScopedMemory(persistence.store, user)
+    await put(mine, "dog", "User has a beagle")
+    assert await mine.mark_recalled(["dog"], at=STAMPED) == 1
+    recalled = "2026-12-03T09:00:00.000001+00:00"
+
+    async def update() -> None:
+        with fence.acting_for(fence.Fence.now(user)) if fenced else contextlib.nullcontext():
+            await put(mine, "dog", "User has a beagle named Biscuit")
+
+    async with persistence.pool.connection() as conn, conn.transaction():
+        # A recall's stamp, written and not yet committed: the update waits for its row lock.
+        stamped = await conn.execute(
+            "UPDATE store SET value = jsonb_set(value, '{last_recalled_at}', to_jsonb(%s::text))"
+            " WHERE prefix = %s AND key = 'dog'",
+            (recalled, f"memories.{mine.label}.facts"),
+        )
+        assert stamped.rowcount == 1
+        updating = asyncio.create_task(update())
+        for _ in range(200):
+            if updating.done() or await _waiting_on_a_lock(persistence):
+                break
+            await asyncio.sleep(0.05)
+    await updating
+
+    now = await mine.get("dog")
+    assert now is not None
+    assert now.content == "User has a beagle named Biscuit"
+    assert now.last_recalled_at == recalled
 
 
 async def test_a_stamp_after_a_forget_does_not_bring_the_memory_back(

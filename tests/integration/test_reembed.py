@@ -354,6 +354,58 @@ async def test_a_delete_and_a_forget_landing_while_a_batch_is_embedded_win(
         await p.close()
 
 
+async def test_progress_counts_live_items_and_reaches_all_of_them(
+    pg_server_url: str, tmp_path: Path
+) -> None:
+    url = create_database(pg_server_url)
+    model = Interrupted(dims=32)
+    target = EmbeddingSpec("test:progress-stand-in", 32, model)
+    p = await opened(url, tmp_path, STAND_IN, target)
+    for user, facts in FACTS_BY_USER.items():
+        for key, content in facts:
+            await put(p.store, user, key, content)
+    await reembed.begin(p.pool, STAND_IN, target)
+    await p.close()
+    p = await opened(url, tmp_path, STAND_IN, target)
+    table = vectors_table_for(target.name, target.dims)
+    ana = ScopedMemory(p.store, "ana")
+    try:
+
+        async def inside_the_first_batch() -> None:
+            await ana.delete("bike")  # read by the first batch, gone before it is written
+
+        model.meanwhile = inside_the_first_batch
+        stop = asyncio.Event()
+        seen: list[reembed.Progress] = []
+
+        async def between_batches(now: reembed.Progress) -> None:
+            seen.append(now)
+            if len(seen) == 1:
+                copied = await new_index_keys(p, table)
+                ahead = sorted(
+                    (user, key)
+                    for user, facts in FACTS_BY_USER.items()
+                    for key, _ in facts
+                    if (prefix(user), key) not in copied and (user, key) != ("ana", "bike")
+                )
+                for user, key in ahead[-2:]:  # two not reached yet
+                    await ScopedMemory(p.store, user).delete(key)
+                await ana.delete(next(k for (_, k) in copied if k != "bike"))  # one copied
+                stop.set()
+
+        stopped = await reembed.backfill(
+            p.pool, target, batch_size=3, stop=stop, after_batch=between_batches
+        )
+        assert (stopped.copied, stopped.total) == (2, 13)  # bike is no longer waited for
+        done = await reembed.backfill(p.pool, target, batch_size=3)
+        assert done.state == "backfilled"
+        live_copied = 14 - 1 - 2  # all but bike and the two deleted before they were reached
+        assert (done.copied, done.skipped, done.total) == (live_copied, 0, live_copied)
+        assert f"{live_copied}/{live_copied} items (100%)" in done.line()
+    finally:
+        await p.close()
+
+
 PASSING = {"precision": 0.9, "recall": 0.9}
 
 

@@ -3,6 +3,7 @@ callers, and a token scope, with no change to the MCP server or the token code."
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -73,6 +74,28 @@ async def test_a_fourth_agent_gets_its_tool_with_its_own_arguments() -> None:
     assert list(schema["properties"]) == ["text", "thread_id", "temporary"]
     assert schema["required"] == ["text"]
     assert "summarise" not in {t.name for t in await endpoint(AGENTS).server.list_tools()}
+
+
+async def test_answer_approval_names_the_agents_that_ask_and_takes_their_decisions() -> None:
+    skipping = replace(
+        SUMMARY,
+        interrupts=(replace(SUMMARY.interrupts[0], decisions=frozenset({"approve", "skip"})),),
+    )
+    tools = {t.name: t for t in await endpoint((*AGENTS, skipping)).server.list_tools()}
+    answer = tools["answer_approval"]
+    assert answer.description is not None
+    assert "Assistant, Research, Planner or Summary run" in answer.description
+    assert not re.search(r"\bplans?\b|topics", answer.description)
+    decision = answer.inputSchema["properties"]["decision"]
+    assert decision["enum"] == ["approve", "confirm", "edit", "reject", "skip"]
+    assert answer.inputSchema["required"] == ["thread_id", "decision"]
+
+
+async def test_without_an_agent_that_asks_there_is_nothing_to_answer() -> None:
+    chat_only = tuple(replace(spec, interrupts=()) for spec in AGENTS)
+    tools = {t.name for t in await endpoint(chat_only).server.list_tools()}
+    assert "answer_approval" not in tools
+    assert "ask_assistant" in tools
 
 
 def test_the_server_instructions_name_it() -> None:
@@ -158,7 +181,7 @@ def test_the_tokens_page_offers_each_scope_and_refuses_others(
 
     monkeypatch.setattr(FakeRuntime.tokens, "owned", _no_tokens)
     app = FastAPI()
-    app.include_router(build_router(token_scopes(WITH_SUMMARY)))
+    app.include_router(build_router(WITH_SUMMARY))
     app.dependency_overrides[identity._current_user_id] = lambda: "alice"
     app.dependency_overrides[memory_page._runtime] = FakeRuntime
     app.dependency_overrides[memory_page.same_origin] = lambda: None
@@ -168,3 +191,36 @@ def test_the_tokens_page_offers_each_scope_and_refuses_others(
     refused = client.post("/api/tokens", json={"name": "t", "scopes": ["payroll"]})
     assert refused.status_code == 422
     assert refused.json()["detail"].startswith("scopes must be some of")
+
+
+def _tokens_page(agents: tuple[AgentSpec, ...], monkeypatch: pytest.MonkeyPatch) -> Any:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from auth import identity
+    from ui import memory_page
+
+    monkeypatch.setattr(FakeRuntime.tokens, "owned", _no_tokens)
+    app = FastAPI()
+    app.include_router(build_router(agents))
+    app.dependency_overrides[identity._current_user_id] = lambda: "alice"
+    app.dependency_overrides[memory_page._runtime] = FakeRuntime
+    return TestClient(app)
+
+
+def test_the_pre_approval_switch_names_the_agents_that_offer_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _tokens_page(WITH_SUMMARY, monkeypatch).get("/api/tokens").json()["pre_approvable"] == [
+        "Planner"
+    ]
+    low_risk = replace(SUMMARY.mcp, pre_approve=lambda _value, _calls: None)  # type: ignore[type-var]
+    offering = (*AGENTS, replace(SUMMARY, mcp=low_risk))
+    assert _tokens_page(offering, monkeypatch).get("/api/tokens").json()["pre_approvable"] == [
+        "Planner",
+        "Summary",
+    ]
+    page = _tokens_page(offering, monkeypatch).get("/tokens").text
+    for agent in AGENTS:
+        assert agent.profile not in page
+    assert "plans" not in page.lower()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 import pytest
@@ -16,6 +17,7 @@ from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
+from graphs.core import fence
 from graphs.core.context import Context
 from graphs.core.settings import Settings
 from graphs.research import SAMPLE_CORPUS_DIR
@@ -26,7 +28,9 @@ from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import MemoryFetchLog
 from graphs.tools.search import LocalCorpus, SearchResult
 from tests.fakes import FakeStep, FakeTaskList, fake_steps_and_task_lists
+from tests.unit.test_runner import MemoryLocks, MemoryThreads, RecordingSurface
 from ui.agents.research import ResearchRun, restore
+from ui.runner import Runner
 
 QUESTION = "When did the seed vault open and how do honeybees share the location of food?"
 VAULT = "Research: seed vault. Write notes to notes/seed-vault.md"
@@ -326,3 +330,66 @@ async def test_a_live_run_that_failed_says_so():
     assert run.view.tasks.status == "Failed: an error stopped the run"
     await run.end("unavailable", _no_state)
     assert run.view.tasks.status == "Failed: the database could not be reached"
+
+
+@dataclass
+class ResearchSurface(RecordingSurface):
+    """The runner's surface with the Research spec's own view of each run."""
+
+    runs: list[Any] = field(default_factory=list)
+
+    def view(self, spec: Any, context: Any) -> Any:
+        self.runs.append(spec.view(context))
+        return self.runs[-1]
+
+
+class WipedLater(InMemorySaver):
+    """A saver whose user's data is wiped once `wiped` is set: every later write is refused,
+    as CairnSaver does in Postgres (an Event, so copies LangGraph makes of the saver share it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wiped = asyncio.Event()
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        if self.wiped.is_set():
+            raise fence.WriteRefused(fence.SESSION_ENDED)
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+
+async def approved_through_the_runner(saver: Any, *, step_limit: int) -> tuple[str, str]:
+    """Plan, then approve, as the chat does; the approved run's status and its task list's."""
+    from ui.agents.research import SPEC
+
+    limit = [150]  # the plan's run; then the approved one's
+    spec = replace(SPEC, recursion_limit=lambda: limit[0])
+    graph = build_graph(
+        checkpointer=saver,
+        store=InMemoryStore(),
+        model=OfflineResearchModel(),
+        tools=corpus_tools(),
+        settings=Settings(openai_api_key=None, research_critique_rounds=0),
+    )
+    runner = Runner(
+        agents=[spec], graphs={"research": graph}, threads=MemoryThreads(), locks=MemoryLocks()
+    )
+    surface = ResearchSurface()
+    asked = {"user_id": "alice", "thread_id": "t-runner"}
+    planned = await runner.message(
+        surface, **asked, profile="Research", text=QUESTION, message_id="m1", temporary=False
+    )
+    assert planned.status == "paused"
+    if isinstance(saver, WipedLater):
+        saver.wiped.set()  # the user's data is wiped (on any worker) while the run goes on
+    [pending] = planned.interrupts
+    limit[0] = step_limit
+    outcome = await runner.answer(surface, **asked, interrupt_id=pending.id, decision="approve")
+    return outcome.status, surface.runs[-1].view.tasks.status
+
+
+async def test_a_live_run_says_whether_the_step_limit_or_a_wipe_stopped_it():
+    at_the_limit = await approved_through_the_runner(InMemorySaver(), step_limit=2)
+    assert at_the_limit == ("stopped", "Stopped at the step limit, before the report")
+
+    wiped = await approved_through_the_runner(WipedLater(), step_limit=150)
+    assert wiped == ("refused", "Stopped: your data was deleted while it ran")

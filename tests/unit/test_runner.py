@@ -441,6 +441,31 @@ async def test_the_after_turn_hook_runs_off_the_reply_path_with_the_services():
     assert seen == [(services, "t1")]
 
 
+@dataclass
+class RecordingJobs:
+    arrived: list[tuple[str, str]] = field(default_factory=list)
+
+    async def message_arrived(self, *, user_id: str, thread_id: str) -> None:
+        self.arrived.append((user_id, thread_id))
+
+
+async def test_a_memory_job_is_scheduled_for_the_agents_that_declare_it_only():
+    jobs = RecordingJobs()
+    services = type("Services", (), {"memory_jobs": jobs})()
+    notes = assistant_spec(key="notes", profile="Notes", memory_jobs=True)
+    runner = make_runner(
+        assistant_spec(), notes, model=ScriptedChatModel(["hi"] * 3), services=services
+    )
+    await send(runner, RecordingSurface(), "hi", profile="Assistant", thread_id="plain")
+    await send(runner, RecordingSurface(), "hi", profile="Notes", thread_id="learning")
+    await send(
+        runner, RecordingSurface(), "hi", profile="Notes", thread_id="kept-out", temporary=True
+    )
+    await runner.drain()
+
+    assert jobs.arrived == [("alice", "learning")]
+
+
 async def test_reopening_shows_a_pending_question_again_for_its_owner_only():
     runner = make_runner(asking_spec())
     await send(runner, RecordingSurface(), "go", profile="Asking")
@@ -498,7 +523,7 @@ async def test_a_run_whose_writes_are_refused_stops_with_the_session_notice_and_
         outcome = await send(runner, surface, "hi")
     await runner.drain()
 
-    assert outcome.status == "stopped"
+    assert outcome.status == "refused"  # not "stopped", as a run at the step limit is
     assert surface.said == [("refuse", fence.SESSION_ENDED)]
     assert seen == []
     # Every write carried the session's authority.

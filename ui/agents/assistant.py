@@ -25,7 +25,6 @@ from ui.surface import ask_question, new_reply
 if TYPE_CHECKING:
     from langgraph.types import Interrupt
 
-    from graphs.core.context import Context
     from ui.runner import LoadState, Status
 
 REPLY_NODE = "assistant"
@@ -197,13 +196,6 @@ async def show_confirm_memory(interrupt: Interrupt, thread_id: str) -> None:
     )
 
 
-async def schedule_memory_job(services: Any, context: Context) -> None:
-    """Off the reply's path: push back this thread's debounced memory job."""
-    jobs = getattr(services, "memory_jobs", None)
-    if jobs is not None and context.memory:
-        await jobs.message_arrived(user_id=context.user_id, thread_id=context.thread_id)
-
-
 def _inputs(text: str, message_id: str) -> dict[str, Any]:
     return {"messages": [HumanMessage(text, id=message_id)]}
 
@@ -224,7 +216,7 @@ SPEC = AgentSpec(
         ),
     ),
     stream_modes=("messages", "tasks"),
-    after_turn=schedule_memory_job,
+    memory_jobs=True,
     memory_prefetch=True,
     order=0,
     mcp=McpTool(

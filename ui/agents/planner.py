@@ -172,7 +172,7 @@ class PlannerView:
 
     async def end(self, status: Status, load_state: LoadState) -> str | None:
         if status != "done" or not self.response:
-            if status in ("failed", "stopped") and self.progress.running:
+            if status in ("failed", "stopped", "refused") and self.progress.running:
                 self.progress.running = False
                 await self.progress.show(status="Stopped by an error")
             return None

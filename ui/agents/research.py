@@ -161,7 +161,8 @@ class ResearchView:
 LIVE_STATUS = {
     "done": "Done",
     "paused": "Done",
-    "stopped": "Stopped before the report",  # the runner's notice says why (step limit, wipe)
+    "stopped": "Stopped at the step limit, before the report",
+    "refused": "Stopped: your data was deleted while it ran",
     "unavailable": "Failed: the database could not be reached",
 }
 

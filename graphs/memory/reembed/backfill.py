@@ -108,6 +108,7 @@ async def _backfill(
         await _count(pool)
         if not await _pass(pool, target, state.table, "copy", batch_size, stop, after_batch):
             return await active(pool)
+        await _copied_all(pool)
         await set_state(pool, "catching_up")
     # Rounds until one finds nothing left to redo (forgotten facts stay skipped). Run again
     # later (a second `run`, or before `retire`) it redoes whatever a worker missed since.
@@ -122,12 +123,28 @@ async def _backfill(
     return await active(pool)
 
 
+_ACTIVE = "target = (SELECT value->'next'->>'name' FROM cairn_meta WHERE key = 'embedding')"
+
+
 async def _count(pool: Pool) -> None:
+    """The copy pass's total: the items it went through, and the live ones still ahead of its
+    cursor (an item deleted since it was counted is not waited for)."""
     async with pool.connection() as conn:
         await conn.execute(
-            f"UPDATE cairn_reembed SET total = (SELECT count(*) FROM store s WHERE {IN_OLD_INDEX})"  # noqa: S608
-            " WHERE state = 'copying' AND target = (SELECT value->'next'->>'name'"
-            " FROM cairn_meta WHERE key = 'embedding')"
+            "UPDATE cairn_reembed r SET total = r.copied + r.skipped + (SELECT count(*)"  # noqa: S608 (constants only)
+            f" FROM store s WHERE {IN_OLD_INDEX} AND (r.cursor_prefix IS NULL"
+            " OR (s.prefix, s.key) > (r.cursor_prefix, r.cursor_key)))"
+            f" WHERE state = 'copying' AND {_ACTIVE}"
+        )
+
+
+async def _copied_all(pool: Pool) -> None:
+    """The copy pass reached the end: every live item is behind it, so its total is what it
+    went through (items deleted before it got to them are not counted; new ones are)."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_reembed SET total = copied + skipped, updated_at = now()"  # noqa: S608 (constants only)
+            f" WHERE state = 'copying' AND {_ACTIVE}"
         )
 
 
@@ -202,13 +219,15 @@ async def _run_batch(
         counted = "copied" if kind == "copy" else "caught_up"
         await conn.execute(
             f"UPDATE cairn_reembed SET {counted} = {counted} + %s,"  # noqa: S608 (a column name of ours)
-            " skipped = skipped + %s, updated_at = now(),"
+            " skipped = skipped + %s, total = total - %s, updated_at = now(),"
             " cursor_prefix = CASE WHEN %s THEN %s ELSE cursor_prefix END,"
             " cursor_key = CASE WHEN %s THEN %s ELSE cursor_key END"
             " WHERE target = %s",
             (
                 len(written),
                 (len(rows) - len(keep)) if kind == "copy" else 0,
+                # Read but not written: deleted (or edited, and then caught up) meanwhile.
+                (len(keep) - len(written)) if kind == "copy" else 0,
                 kind == "copy",
                 last["prefix"],
                 kind == "copy",
