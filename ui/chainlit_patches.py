@@ -61,7 +61,7 @@ import chainlit.element
 import chainlit.emitter
 import chainlit.server
 from chainlit.auth import get_current_user, get_token_from_cookies
-from chainlit.chat_context import chat_context
+from chainlit.chat_context import chat_context, chat_contexts
 from chainlit.config import config as chainlit_config
 from chainlit.context import context as chainlit_context
 from chainlit.context import init_ws_context
@@ -75,6 +75,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
 from auth.ownership import NOT_FOUND
+from graphs.core.errors import is_database_outage
 from graphs.core.fence import fenced
 from ui.output_guard import policy_for, sanitise_step, sanitise_text
 from ui.render import StreamSanitiser
@@ -112,6 +113,7 @@ SOCKET_EVENTS = frozenset(
 """Every event chainlit/socket.py registers; each one gets a check below."""
 
 MALFORMED = "That request was malformed and has been ignored."
+REPLAYED = "That message was already sent and has been ignored."
 FAILED = "Something went wrong on the server. Please try again."
 REFUSED_CONNECTION = "invalid connection request"
 
@@ -325,7 +327,38 @@ def _client_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     payload = _one(args)
     _model(ClientMessage, payload)
     _step_id(payload["message"]["id"])
+    if payload["message"].get("parentId") is not None:
+        # The browser never sends one; stored as is, it would hang the message under a step
+        # of any conversation (and Step's cascade would delete it with that one).
+        msg = "a new message has no parent step"
+        raise Malformed(msg)
     return (payload,)
+
+
+async def _new_message(sid: str, args: tuple[Any, ...]) -> bool:
+    """A message id the client has not used before, in this chat or in any stored one.
+
+    Chainlit stores a message under the client's id: an id already sent rewrote that stored
+    message (or, another conversation's, left this one out of the history), and the graph's
+    `add_messages` replaced the earlier message in place instead of adding a turn.
+    """
+    message_id = args[0]["message"]["id"]
+    session = WebsocketSession.get(sid)
+    if session is not None and any(m.id == message_id for m in chat_contexts.get(session.id, [])):
+        return False
+    step_exists = getattr(get_data_layer(), "step_exists", None)
+    try:
+        return step_exists is None or not await step_exists(message_id)
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        return True  # the message is kept and answered with a Retry (ui/chat.handle_message)
+
+
+_FRESH: dict[str, Callable[[str, tuple[Any, ...]], Awaitable[bool]]] = {
+    "client_message": _new_message,
+}
+"""Checks that need the session or the database, run after the frame's shape is checked."""
 
 
 def _edit_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -500,6 +533,10 @@ def _guard_event(
             await tell(sid, MALFORMED)
             return None
         try:
+            if (fresh := _FRESH.get(name)) is not None and not await fresh(sid, checked):
+                log.warning("refused replayed %s from socket %s", name, sid)
+                await tell(sid, REPLAYED)
+                return None
             return await handler(sid, *checked)
         except Exception:
             log.exception("socket event %s from %s failed", name, sid)

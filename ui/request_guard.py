@@ -128,11 +128,36 @@ class Rule:
     session_query: bool = False
 
 
-async def _live_session(request: Request, body: Any) -> None:
-    if not is_session_id(body["sessionId"]):
+def _own_session(request: Request, session_id: object) -> WebsocketSession:
+    """The signed-in user's own live chat session. Someone else's answers like a missing one:
+    Chainlit told them apart (404 against 401), and ran a button press's first step, creating
+    the session's conversation, before its owner check."""
+    if not is_session_id(session_id):
         raise Refused(400, MALFORMED, "session id is not a canonical UUID")
-    if WebsocketSession.get_by_id(body["sessionId"]) is None:
+    user = _signed_in(request)
+    session = WebsocketSession.get_by_id(str(session_id))
+    if session is None:
         raise Refused(404, SESSION_NOT_FOUND, "no such session")
+    if getattr(session.user, "identifier", None) != user:
+        raise Refused(404, SESSION_NOT_FOUND, f"{user} named a session of another user")
+    return session
+
+
+async def _live_session(request: Request, body: Any) -> None:
+    """A button press: on the user's own session, in a conversation that has begun.
+
+    Every button Cairn shows is under a message of a begun conversation. Chainlit starts one
+    for a press in a fresh session (named after the action) before the handler refuses it,
+    which left an empty conversation in the user's list for a forged press.
+    """
+    session = _own_session(request, body["sessionId"])
+    if not session.has_first_interaction:
+        raise Refused(404, NOT_FOUND, "a button press before the conversation began")
+
+
+async def _session_in_query(request: Request) -> None:
+    """Uploads and file reads name the session in the query: the user's own only."""
+    _own_session(request, request.query_params.get("session_id"))
 
 
 async def _session_cookie(request: Request, body: Any) -> None:
@@ -248,8 +273,8 @@ class RequestGuard:
     async def _check(self, rule: Rule, request: Request, receive: Receive) -> Receive:
         if rule.closed is not None and rule.closed():
             raise Refused(404, NOT_FOUND, "feature turned off")
-        if rule.session_query and not is_session_id(request.query_params.get("session_id")):
-            raise Refused(400, MALFORMED, "session_id is not a canonical UUID")
+        if rule.session_query:
+            await _session_in_query(request)
         if rule.body is None:
             return receive
         raw = await _read_body(receive)

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import chainlit
@@ -414,6 +415,7 @@ JUNK_MESSAGES = [
     {"message": _step(output="x" * 1_000_001)},
     {"message": _step(), "fileReferences": "x"},
     {"message": _step(), "fileReferences": [{"id": 5}]},
+    {"message": _step(parentId=str(uuid.uuid4()))},
 ]
 
 
@@ -432,6 +434,31 @@ async def test_a_browser_message_reaches_chainlit():
     payload = {"message": _step(), "fileReferences": [{"id": "f"}]}
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == [("client_message", ("sid", payload))]
+
+
+async def test_a_message_id_already_in_the_chat_is_refused_as_a_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sent again under an id already used, it would rewrite that message instead of adding one."""
+    from chainlit.chat_context import chat_contexts
+    from chainlit.session import ws_sessions_sid
+
+    session = object.__new__(WebsocketSession)
+    session.id = str(uuid.uuid4())
+    monkeypatch.setitem(ws_sessions_sid, "sid", session)
+    sent = _step()
+    # What Chainlit's process_message put in the chat (only the id is read).
+    monkeypatch.setitem(chat_contexts, session.id, [SimpleNamespace(id=sent["id"])])
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+
+    await sio.handlers["/"]["client_message"]("sid", {"message": {**sent, "output": "rewritten"}})
+    assert sio.calls == []
+    assert sio.emitted == [("toast", {"message": chainlit_patches.REPLAYED, "type": "error"})]
+
+    new = {"message": _step(output="a new message")}
+    await sio.handlers["/"]["client_message"]("sid", new)
+    assert sio.calls == [("client_message", ("sid", new))]
 
 
 async def test_an_edit_is_refused_when_editing_is_turned_off(monkeypatch: pytest.MonkeyPatch):
