@@ -713,6 +713,7 @@ def configure_chainlit(settings: Settings, *, public_url: str, auth_secret: str)
     if upload is not None:
         upload.accept = list(settings.upload_mime_types)
         upload.max_size_mb = settings.max_upload_mb
+        upload.max_files = settings.max_upload_files
 
 
 def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:

@@ -36,6 +36,12 @@ def check_message(content: str, elements: list[Any], settings: Settings) -> list
             f"{settings.max_message_chars:,}. Shorten it or attach it as a text file."
         )
         raise InputRejected(msg)
+    if len(elements) > settings.max_upload_files:
+        msg = (
+            f"Your message has {len(elements)} files attached; the limit is "
+            f"{settings.max_upload_files}. Send the rest in another message."
+        )
+        raise InputRejected(msg)
     return [_read_attachment(element, settings) for element in elements]
 
 

@@ -110,6 +110,17 @@ def test_one_bad_file_refuses_the_whole_message(tmp_path: Path, settings: Settin
         check_message("both please", [good, bad], settings)
 
 
+def test_more_files_than_the_browser_allows_are_refused(tmp_path: Path, settings: Settings) -> None:
+    """A hand-written client skips the browser's limit: one file fifty times was fifty copies
+    (each up to the message limit) in front of the model."""
+    notes = upload(tmp_path, "notes.txt", b"the same notes")
+    limit = settings.max_upload_files
+
+    assert len(check_message("read these", [notes] * limit, settings)) == limit
+    with pytest.raises(InputRejected, match=f"{limit + 1} files attached; the limit is {limit}"):
+        check_message("read these", [notes] * (limit + 1), settings)
+
+
 def test_a_long_attachment_is_not_silently_cut(tmp_path: Path, settings: Settings) -> None:
     # Invariant 8: bad input gets a clear error, nothing is kept half-way. An attachment the
     # model cannot see whole must be refused, not truncated without a word to the user.
