@@ -296,6 +296,27 @@ def _model(model: type[BaseModel], value: object) -> None:
         raise Malformed(str(exc.errors(include_input=False, include_url=False))) from None
 
 
+def has_nul(value: object, depth: int = 0) -> bool:
+    """A NUL character anywhere in a client value (keys included), which Postgres cannot store
+    in text or jsonb: the write failed half-way (a message in the graph but not in the stored
+    conversation, a first message leaving the conversation without its row)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if depth > 64:
+        return True  # nothing Chainlit sends nests this deep
+    if isinstance(value, dict):
+        return any(has_nul(k, depth + 1) or has_nul(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(has_nul(v, depth + 1) for v in value)
+    return False
+
+
+def _text_only(value: object) -> None:
+    if has_nul(value):
+        msg = "a NUL character in the frame"
+        raise Malformed(msg)
+
+
 def _step_id(value: str) -> None:
     # emitter.py `process_message` asserts a version-4 UUID.
     if not is_session_id(value) or uuid.UUID(value).version != 4:
@@ -453,6 +474,7 @@ def check_ask_answer(spec_type: object, answer: object) -> None:
     """emitter.py `send_ask_user` indexes the client's answer by the ask's type."""
     if answer is None:
         return
+    _text_only(answer)
     if spec_type == "text":
         _model(MessageStep, answer)
         _step_id(answer["id"])  # type: ignore[index]
@@ -470,6 +492,7 @@ def check_ask_answer(spec_type: object, answer: object) -> None:
 
 
 def check_connect(auth: object) -> ConnectAuth:
+    _text_only(auth)
     try:
         checked = ConnectAuth.model_validate(auth)
     except ValidationError as exc:
@@ -482,7 +505,11 @@ def check_connect(auth: object) -> ConnectAuth:
             env = json.loads(checked.userEnv)
         except ValueError:
             env = None
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        if (
+            not isinstance(env, dict)
+            or not all(isinstance(v, str) for v in env.values())
+            or has_nul(env)
+        ):
             msg = "userEnv is not a JSON object of strings"
             raise Malformed(msg)
     return checked
@@ -527,6 +554,7 @@ def _guard_event(
     @functools.wraps(handler)
     async def guarded(sid: str, *args: Any) -> Any:
         try:
+            _text_only(args)
             checked = check(sid, args)
         except Malformed as exc:
             log.warning("refused malformed %s event from socket %s: %s", name, sid, exc)

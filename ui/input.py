@@ -62,6 +62,11 @@ def _read_attachment(element: Any, settings: Settings) -> Attachment:
     except UnicodeDecodeError:
         msg = f"{name} is not UTF-8 text."
         raise InputRejected(msg) from None
+    if "\x00" in text:
+        # Valid UTF-8, but binary: and what the model reads of it may be stored (Postgres
+        # text and jsonb hold no NUL).
+        msg = f"{name} is not a text file (it contains NUL characters)."
+        raise InputRejected(msg)
     if len(text) > settings.max_message_chars:
         msg = (
             f"{name} has {len(text):,} characters of text; attachments are limited to "

@@ -416,6 +416,9 @@ JUNK_MESSAGES = [
     {"message": _step(), "fileReferences": "x"},
     {"message": _step(), "fileReferences": [{"id": 5}]},
     {"message": _step(parentId=str(uuid.uuid4()))},
+    {"message": _step(output="hi\x00there")},
+    {"message": _step(metadata={"location\x00": "x"})},
+    {"message": _step(metadata={"deep": [[{"x": "\x00"}]]})},
 ]
 
 
@@ -537,6 +540,40 @@ async def test_a_handler_failure_shows_a_fixed_text():
 def test_a_malformed_ask_answer_is_refused(spec, answer):
     with pytest.raises(chainlit_patches.Malformed):
         check_ask_answer(spec, answer)
+
+
+@pytest.mark.parametrize(
+    "event", ["edit_message", "window_message", "chat_settings_change", "chat_settings_edit"]
+)
+async def test_a_nul_character_in_any_frame_never_reaches_chainlit(event: str) -> None:
+    """Postgres stores no NUL in text or jsonb: Chainlit's write failed half-way."""
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"][event]("sid", {"message": {"id": str(uuid.uuid4()), "output": "\x00"}})
+    assert sio.calls == []
+    assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"userEnv": '{"KEY": "a\\u0000b"}'},
+        {"chatProfile": "Assistant\x00"},
+        {"threadId": str(uuid.uuid4()) + "\x00"},
+    ],
+)
+def test_a_nul_character_in_the_connect_auth_is_refused(auth: dict[str, str]) -> None:
+    with pytest.raises(chainlit_patches.Malformed):
+        chainlit_patches.check_connect(
+            {"sessionId": str(uuid.uuid4()), "clientType": "webapp", **auth}
+        )
+
+
+def test_a_nul_character_in_an_ask_answer_is_refused() -> None:
+    with pytest.raises(chainlit_patches.Malformed):
+        check_ask_answer("text", _step(output="my edit\x00"))
+    with pytest.raises(chainlit_patches.Malformed):
+        check_ask_answer("action", {"name": "approve", "payload": {"x": "\x00"}})
 
 
 def test_good_ask_answers_pass():

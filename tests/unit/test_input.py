@@ -102,6 +102,13 @@ def test_a_non_utf8_file_is_refused(tmp_path: Path, settings: Settings) -> None:
     assert "UTF-8" in str(caught.value)
 
 
+def test_a_utf8_file_with_nul_characters_is_refused(tmp_path: Path, settings: Settings) -> None:
+    binary = upload(tmp_path, "dump.txt", b"looks like text\x00\x00then not")
+
+    with pytest.raises(InputRejected, match=re.escape("dump.txt is not a text file")):
+        check_message("what is this?", [binary], settings)
+
+
 def test_one_bad_file_refuses_the_whole_message(tmp_path: Path, settings: Settings) -> None:
     good = upload(tmp_path, "good.txt", b"fine")
     bad = upload(tmp_path, "bad.bin", b"\x00\x01", mime="application/octet-stream")

@@ -134,3 +134,49 @@ async def test_files_of_another_users_session_are_refused_like_a_missing_one(
     assert answers[0].json() == answers[1].json()
     assert own.status_code == 200
     assert chainlit_routes.reached == [path]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs"),
+    [
+        ("GET", "/project/thread/%00", {}),
+        ("GET", "/api/memory/search?q=a%00b", {}),
+        ("PUT", "/project/thread", {"json": {"threadId": "t", "name": "a\x00b"}}),
+        ("PUT", "/api/memory/items/k", {"json": {"content": "I like tea\x00"}}),
+        ("POST", "/api/tokens", {"json": {"name": "x", "scopes": ["a\x00"]}}),
+        ("POST", "/mcp", {"json": {"jsonrpc": "2.0", "params": {"message": "\x00"}}}),
+        ("POST", "/login", {"data": {"username": "bob\x00", "password": "x"}}),
+    ],
+)
+async def test_a_nul_character_anywhere_in_a_request_is_refused_before_any_route(
+    method: str, path: str, kwargs: dict[str, Any], chainlit_routes: _Chainlit
+) -> None:
+    """Postgres text and jsonb hold no NUL: the route's write failed with a 500."""
+    async with _client(chainlit_routes, "bob") as http:
+        answer = await http.request(method, path, **kwargs)
+    assert answer.status_code == 400
+    assert chainlit_routes.reached == []
+
+
+async def test_text_bodies_without_nul_reach_the_route_whole(chainlit_routes: _Chainlit) -> None:
+    received: list[bytes] = []
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        received.append((await receive())["body"])
+        await chainlit_routes(scope, receive, send)
+
+    guarded = RequestGuard(route)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=guarded)
+    async with httpx.AsyncClient(transport=transport, base_url="http://cairn") as http:
+        edit = await http.put("/api/memory/items/k", json={"content": "a literal \\u0000"})
+        login = await http.post("/login", data={"username": "bob", "password": "100%"})
+        junk = await http.put("/api/memory/items/k", content=b"{not json", headers=JSON)
+    assert [edit.status_code, login.status_code, junk.status_code] == [200, 200, 200]
+    assert received == [
+        b'{"content":"a literal \\\\u0000"}',
+        b"username=bob&password=100%25",
+        b"{not json",
+    ]
+
+
+JSON = {"content-type": "application/json"}
