@@ -613,3 +613,23 @@ async def test_a_nul_character_in_an_http_request_is_a_4xx(app_server, cookies, 
         ]
     assert [a.status_code for a in answers] == [400, 400, 400, 400], [a.text for a in answers]
     assert await _threads(app_server, cookies["bob"]) == threads
+
+
+async def test_a_conversation_is_not_deleted_under_a_run_in_progress(app_server, cookies, bob):
+    await bob.send("a conversation with a run going")
+    thread = bob.thread_id()
+    # A run of the thread on another worker holds its lock (graphs/core/runlock.py).
+    with psycopg.connect(app_server.database_url, autocommit=True) as run:
+        run.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"cairn-run:{thread}",))
+        async with _http(app_server, cookies["bob"]) as http:
+            busy = await http.request("DELETE", "/project/thread", json={"threadId": thread})
+            page = await http.post(
+                f"/api/conversations/{thread}/delete", json={}, headers={"x-cairn-request": "1"}
+            )
+        assert busy.status_code == page.status_code == 409, (busy.text, page.text)
+        assert thread in await _threads(app_server, cookies["bob"])
+        assert any("run going" in step for step in _steps(app_server.database_url, thread))
+    async with _http(app_server, cookies["bob"]) as http:
+        done = await http.request("DELETE", "/project/thread", json={"threadId": thread})
+    assert done.status_code == 200, done.text
+    assert thread not in await _threads(app_server, cookies["bob"])
