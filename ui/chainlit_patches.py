@@ -966,6 +966,9 @@ def route_message_edits(sio: Any) -> None:
             await error.send()
             return
         await context.emitter.task_start()
+        # What Chainlit's Stop cancels (socket.py `stop`), as for a sent message: the edit's
+        # run went on under the "Task manually stopped." notice.
+        session.current_task = asyncio.current_task()
         try:
             await _edit_handler(
                 messages[index], payload["message"]["output"], messages[index + 1 :]

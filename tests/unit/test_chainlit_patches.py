@@ -480,6 +480,60 @@ async def test_a_malformed_edit_never_reaches_the_edit_handler(payload):
     assert sio.calls == []
 
 
+async def test_stop_cancels_an_edits_run_as_it_does_a_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chainlit.chat_context import chat_contexts
+    from chainlit.user import User
+
+    emitted: list[str] = []
+
+    async def emit(event: str, *_args: Any) -> None:
+        emitted.append(event)
+
+    session = WebsocketSession(
+        id=str(uuid.uuid4()),
+        socket_id=f"sid-{uuid.uuid4()}",
+        emit=emit,
+        emit_call=emit,
+        client_type="webapp",
+        user_env={},
+        user=User(identifier="bob"),
+        token=None,
+        chat_profile=None,
+        thread_id=None,
+    )
+    sent = SimpleNamespace(id=str(uuid.uuid4()), type="user_message")
+    monkeypatch.setitem(chat_contexts, session.id, [sent])
+    started, cancelled = asyncio.Event(), []
+
+    async def long_edit(message: Any, text: str, later: list[Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(text)
+            raise
+
+    monkeypatch.setattr(chainlit_patches, "_edit_handler", long_edit)
+    sio = _FakeSio()
+    chainlit_patches.route_message_edits(sio)
+    edit = asyncio.create_task(
+        sio.handlers["/"]["edit_message"](
+            session.socket_id, {"message": {"id": sent.id, "output": "new"}}
+        )
+    )
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        assert session.current_task is edit
+        session.current_task.cancel()  # what Chainlit's stop handler does
+        await asyncio.wait_for(edit, 5)
+    finally:
+        await session.delete()
+    assert cancelled == ["new"]
+    assert emitted[-1] == "task_end"
+
+
 def test_editing_is_on_and_goes_to_cairns_handler():
     assert chainlit.config.config.features.edit_message is True
     sio = _FakeSio()
