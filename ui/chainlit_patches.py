@@ -61,7 +61,7 @@ import chainlit.element
 import chainlit.emitter
 import chainlit.server
 from chainlit.auth import get_current_user, get_token_from_cookies
-from chainlit.chat_context import chat_context
+from chainlit.chat_context import chat_context, chat_contexts
 from chainlit.config import config as chainlit_config
 from chainlit.context import context as chainlit_context
 from chainlit.context import init_ws_context
@@ -75,6 +75,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
 from auth.ownership import NOT_FOUND
+from graphs.core.errors import is_database_outage
 from graphs.core.fence import fenced
 from ui.output_guard import policy_for, sanitise_step, sanitise_text
 from ui.render import StreamSanitiser
@@ -112,6 +113,7 @@ SOCKET_EVENTS = frozenset(
 """Every event chainlit/socket.py registers; each one gets a check below."""
 
 MALFORMED = "That request was malformed and has been ignored."
+REPLAYED = "That message was already sent and has been ignored."
 FAILED = "Something went wrong on the server. Please try again."
 REFUSED_CONNECTION = "invalid connection request"
 
@@ -294,6 +296,27 @@ def _model(model: type[BaseModel], value: object) -> None:
         raise Malformed(str(exc.errors(include_input=False, include_url=False))) from None
 
 
+def has_nul(value: object, depth: int = 0) -> bool:
+    """A NUL character anywhere in a client value (keys included), which Postgres cannot store
+    in text or jsonb: the write failed half-way (a message in the graph but not in the stored
+    conversation, a first message leaving the conversation without its row)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if depth > 64:
+        return True  # nothing Chainlit sends nests this deep
+    if isinstance(value, dict):
+        return any(has_nul(k, depth + 1) or has_nul(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(has_nul(v, depth + 1) for v in value)
+    return False
+
+
+def _text_only(value: object) -> None:
+    if has_nul(value):
+        msg = "a NUL character in the frame"
+        raise Malformed(msg)
+
+
 def _step_id(value: str) -> None:
     # emitter.py `process_message` asserts a version-4 UUID.
     if not is_session_id(value) or uuid.UUID(value).version != 4:
@@ -325,7 +348,38 @@ def _client_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     payload = _one(args)
     _model(ClientMessage, payload)
     _step_id(payload["message"]["id"])
+    if payload["message"].get("parentId") is not None:
+        # The browser never sends one; stored as is, it would hang the message under a step
+        # of any conversation (and Step's cascade would delete it with that one).
+        msg = "a new message has no parent step"
+        raise Malformed(msg)
     return (payload,)
+
+
+async def _new_message(sid: str, args: tuple[Any, ...]) -> bool:
+    """A message id the client has not used before, in this chat or in any stored one.
+
+    Chainlit stores a message under the client's id: an id already sent rewrote that stored
+    message (or, another conversation's, left this one out of the history), and the graph's
+    `add_messages` replaced the earlier message in place instead of adding a turn.
+    """
+    message_id = args[0]["message"]["id"]
+    session = WebsocketSession.get(sid)
+    if session is not None and any(m.id == message_id for m in chat_contexts.get(session.id, [])):
+        return False
+    step_exists = getattr(get_data_layer(), "step_exists", None)
+    try:
+        return step_exists is None or not await step_exists(message_id)
+    except Exception as exc:
+        if not is_database_outage(exc):
+            raise
+        return True  # the message is kept and answered with a Retry (ui/chat.handle_message)
+
+
+_FRESH: dict[str, Callable[[str, tuple[Any, ...]], Awaitable[bool]]] = {
+    "client_message": _new_message,
+}
+"""Checks that need the session or the database, run after the frame's shape is checked."""
 
 
 def _edit_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -420,6 +474,7 @@ def check_ask_answer(spec_type: object, answer: object) -> None:
     """emitter.py `send_ask_user` indexes the client's answer by the ask's type."""
     if answer is None:
         return
+    _text_only(answer)
     if spec_type == "text":
         _model(MessageStep, answer)
         _step_id(answer["id"])  # type: ignore[index]
@@ -437,6 +492,7 @@ def check_ask_answer(spec_type: object, answer: object) -> None:
 
 
 def check_connect(auth: object) -> ConnectAuth:
+    _text_only(auth)
     try:
         checked = ConnectAuth.model_validate(auth)
     except ValidationError as exc:
@@ -449,7 +505,11 @@ def check_connect(auth: object) -> ConnectAuth:
             env = json.loads(checked.userEnv)
         except ValueError:
             env = None
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        if (
+            not isinstance(env, dict)
+            or not all(isinstance(v, str) for v in env.values())
+            or has_nul(env)
+        ):
             msg = "userEnv is not a JSON object of strings"
             raise Malformed(msg)
     return checked
@@ -494,12 +554,17 @@ def _guard_event(
     @functools.wraps(handler)
     async def guarded(sid: str, *args: Any) -> Any:
         try:
+            _text_only(args)
             checked = check(sid, args)
         except Malformed as exc:
             log.warning("refused malformed %s event from socket %s: %s", name, sid, exc)
             await tell(sid, MALFORMED)
             return None
         try:
+            if (fresh := _FRESH.get(name)) is not None and not await fresh(sid, checked):
+                log.warning("refused replayed %s from socket %s", name, sid)
+                await tell(sid, REPLAYED)
+                return None
             return await handler(sid, *checked)
         except Exception:
             log.exception("socket event %s from %s failed", name, sid)
@@ -676,6 +741,7 @@ def configure_chainlit(settings: Settings, *, public_url: str, auth_secret: str)
     if upload is not None:
         upload.accept = list(settings.upload_mime_types)
         upload.max_size_mb = settings.max_upload_mb
+        upload.max_files = settings.max_upload_files
 
 
 def mount_before_catch_all(app: FastAPI, router: APIRouter) -> None:
@@ -900,6 +966,9 @@ def route_message_edits(sio: Any) -> None:
             await error.send()
             return
         await context.emitter.task_start()
+        # What Chainlit's Stop cancels (socket.py `stop`), as for a sent message: the edit's
+        # run went on under the "Task manually stopped." notice.
+        session.current_task = asyncio.current_task()
         try:
             await _edit_handler(
                 messages[index], payload["message"]["output"], messages[index + 1 :]

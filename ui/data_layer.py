@@ -278,6 +278,13 @@ class PostgresDataLayer(ChainlitDataLayer):
         )
         return str(rows[0]["identifier"]) if rows else ""
 
+    async def step_exists(self, step_id: str) -> bool:
+        """Whether a step of this id is stored (in any conversation) or waiting to be."""
+        if step_id in self._deferred:
+            return True
+        rows = await self.execute_query('SELECT 1 FROM "Step" WHERE id = $1', {"step_id": step_id})
+        return bool(rows)
+
     async def feedback_step(self, feedback_id: str) -> str | None:
         rows = await self.execute_query(
             'SELECT "stepId" FROM "Feedback" WHERE id = $1', {"feedback_id": feedback_id}

@@ -36,6 +36,12 @@ def check_message(content: str, elements: list[Any], settings: Settings) -> list
             f"{settings.max_message_chars:,}. Shorten it or attach it as a text file."
         )
         raise InputRejected(msg)
+    if len(elements) > settings.max_upload_files:
+        msg = (
+            f"Your message has {len(elements)} files attached; the limit is "
+            f"{settings.max_upload_files}. Send the rest in another message."
+        )
+        raise InputRejected(msg)
     return [_read_attachment(element, settings) for element in elements]
 
 
@@ -56,6 +62,11 @@ def _read_attachment(element: Any, settings: Settings) -> Attachment:
     except UnicodeDecodeError:
         msg = f"{name} is not UTF-8 text."
         raise InputRejected(msg) from None
+    if "\x00" in text:
+        # Valid UTF-8, but binary: and what the model reads of it may be stored (Postgres
+        # text and jsonb hold no NUL).
+        msg = f"{name} is not a text file (it contains NUL characters)."
+        raise InputRejected(msg)
     if len(text) > settings.max_message_chars:
         msg = (
             f"{name} has {len(text):,} characters of text; attachments are limited to "

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
+from graphs.core.runlock import ThreadBusy
 from graphs.core.saver import threads_with_interrupts
 from graphs.memory.manage import (
     MemoryNotFound,
@@ -92,6 +93,12 @@ WIPE_PHRASE = "delete my data"
 PAUSED = "paused"
 SAVED = "saved"
 
+
+STILL_RUNNING = (
+    "Cairn is still working in this conversation. Wait for it to finish (or stop it), "
+    "then delete it."
+)
+"""A conversation is not deleted under a run in progress (its checkpoints would come back)."""
 
 NO_NAME = "Your account"
 """Shown when the login carried no name: never the raw account id."""
@@ -308,6 +315,8 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
             )
         except ThreadNotFound:
             raise HTTPException(status_code=404, detail="Conversation not found") from None
+        except ThreadBusy:
+            raise HTTPException(status_code=409, detail=STILL_RUNNING) from None
         return {"deleted": done.thread_id, "forgotten": done.forgotten}
 
     @router.post("/api/account/wipe", dependencies=[Checked])

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from auth.sessions import token_claims
-from ui.chainlit_patches import is_session_id
+from ui.chainlit_patches import has_nul, is_session_id
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.security")
 
 MAX_JSON_BYTES = 256 * 1024
+MAX_TEXT_BODY_BYTES = 1024 * 1024
+"""Any other route's JSON or form body (read to look for NUL characters)."""
 MALFORMED = "The request was malformed."
 NOT_FOUND = "Not found"
 SESSION_NOT_FOUND = "Session not found"
@@ -128,11 +130,36 @@ class Rule:
     session_query: bool = False
 
 
-async def _live_session(request: Request, body: Any) -> None:
-    if not is_session_id(body["sessionId"]):
+def _own_session(request: Request, session_id: object) -> WebsocketSession:
+    """The signed-in user's own live chat session. Someone else's answers like a missing one:
+    Chainlit told them apart (404 against 401), and ran a button press's first step, creating
+    the session's conversation, before its owner check."""
+    if not is_session_id(session_id):
         raise Refused(400, MALFORMED, "session id is not a canonical UUID")
-    if WebsocketSession.get_by_id(body["sessionId"]) is None:
+    user = _signed_in(request)
+    session = WebsocketSession.get_by_id(str(session_id))
+    if session is None:
         raise Refused(404, SESSION_NOT_FOUND, "no such session")
+    if getattr(session.user, "identifier", None) != user:
+        raise Refused(404, SESSION_NOT_FOUND, f"{user} named a session of another user")
+    return session
+
+
+async def _live_session(request: Request, body: Any) -> None:
+    """A button press: on the user's own session, in a conversation that has begun.
+
+    Every button Cairn shows is under a message of a begun conversation. Chainlit starts one
+    for a press in a fresh session (named after the action) before the handler refuses it,
+    which left an empty conversation in the user's list for a forged press.
+    """
+    session = _own_session(request, body["sessionId"])
+    if not session.has_first_interaction:
+        raise Refused(404, NOT_FOUND, "a button press before the conversation began")
+
+
+async def _session_in_query(request: Request) -> None:
+    """Uploads and file reads name the session in the query: the user's own only."""
+    _own_session(request, request.query_params.get("session_id"))
 
 
 async def _session_cookie(request: Request, body: Any) -> None:
@@ -232,13 +259,22 @@ class RequestGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rule = _rule(scope) if scope["type"] == "http" else None
-        if rule is None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rule = _rule(scope)
+        text = _text_body(scope)
+        if rule is None and text is None and not _nul_in_url(scope):
             await self.app(scope, receive, send)
             return
         request = Request(scope)
         try:
-            receive = await self._check(rule, request, receive)
+            if _nul_in_url(scope):
+                raise Refused(400, MALFORMED, "a NUL character in the address")
+            if rule is not None:
+                receive = await self._check(rule, request, receive)
+            if text is not None and (rule is None or rule.body is None):
+                receive = await _text_without_nul(text, receive)
         except Refused as exc:
             log.warning("refused %s %s (%s): %s", scope["method"], scope["path"], exc.status, exc)
             await JSONResponse({"detail": exc.detail}, status_code=exc.status)(scope, receive, send)
@@ -248,8 +284,8 @@ class RequestGuard:
     async def _check(self, rule: Rule, request: Request, receive: Receive) -> Receive:
         if rule.closed is not None and rule.closed():
             raise Refused(404, NOT_FOUND, "feature turned off")
-        if rule.session_query and not is_session_id(request.query_params.get("session_id")):
-            raise Refused(400, MALFORMED, "session_id is not a canonical UUID")
+        if rule.session_query:
+            await _session_in_query(request)
         if rule.body is None:
             return receive
         raw = await _read_body(receive)
@@ -259,12 +295,50 @@ class RequestGuard:
         except (ValueError, ValidationError) as exc:
             why = exc.errors(include_input=False) if isinstance(exc, ValidationError) else exc
             raise Refused(400, MALFORMED, str(why)) from None
+        if has_nul(body):
+            raise Refused(400, MALFORMED, "a NUL character in the body")
         if rule.check is not None:
             await rule.check(request, body)
         return _replay(raw, receive)
 
 
-async def _read_body(receive: Receive) -> bytes:
+def _nul_in_url(scope: Scope) -> bool:
+    """A NUL in the path (decoded by the server) or the query (as sent): an id or a search
+    with one failed in Postgres (a 500) on whichever route took it."""
+    query = scope.get("query_string", b"")
+    return "\x00" in scope.get("path", "") or b"%00" in query or b"\x00" in query
+
+
+def _text_body(scope: Scope) -> Literal["json", "form"] | None:
+    """JSON and form bodies carry text the routes store; uploads (multipart) are the files'."""
+    if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+        return None
+    content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        return "json"
+    if content_type == "application/x-www-form-urlencoded":
+        return "form"
+    return None
+
+
+async def _text_without_nul(kind: Literal["json", "form"], receive: Receive) -> Receive:
+    """Any route's JSON or form body, refused when a value holds a NUL (Postgres text and jsonb
+    cannot: a memory edit, a token name, a sign-in failed with a 500). Unparsable JSON goes on
+    for the route to answer as it does."""
+    raw = await _read_body(receive, limit=MAX_TEXT_BODY_BYTES)
+    if kind == "form":
+        found = b"%00" in raw or b"\x00" in raw
+    else:
+        try:
+            found = has_nul(json.loads(raw))
+        except ValueError:
+            found = False
+    if found:
+        raise Refused(400, MALFORMED, "a NUL character in the body")
+    return _replay(raw, receive)
+
+
+async def _read_body(receive: Receive, *, limit: int = MAX_JSON_BYTES) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -273,8 +347,8 @@ async def _read_body(receive: Receive) -> bytes:
             raise Refused(400, MALFORMED, "client went away")
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_JSON_BYTES:
-            raise Refused(413, "The request is too large.", f"body over {MAX_JSON_BYTES} bytes")
+        if size > limit:
+            raise Refused(413, "The request is too large.", f"body over {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -677,9 +677,13 @@ class Runner:
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
                 # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
-                outcome = await self._stream(
-                    surface, spec, graph, inputs, context, config, message_id=message_id
-                )
+                try:
+                    outcome = await self._stream(
+                        surface, spec, graph, inputs, context, config, message_id=message_id
+                    )
+                except asyncio.CancelledError:
+                    await self._stopped(context.thread_id)
+                    raise
                 if self.journal is not None:
                     await self._journal_finished(context.thread_id, outcome)
         except ThreadBusy as exc:
@@ -713,6 +717,18 @@ class Runner:
             if spec.after_turn is not None:
                 self._in_background(spec.after_turn(self.services, context))
         return outcome
+
+    async def _stopped(self, thread_id: str) -> None:
+        """The user stopped the run (Chainlit's Stop cancels the chat's task; a worker that
+        shuts down never cancels a run, Chainlit ends the process): nothing is left to resume."""
+        if self.journal is None:
+            return
+        try:
+            await self.journal.forget(thread_id)
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("stopped run of thread %s still recorded: %s", thread_id, exc)
 
     async def _journal_finished(self, thread_id: str, outcome: RunOutcome) -> None:
         assert self.journal is not None

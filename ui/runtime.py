@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 
 from auth.local_accounts import LocalAccounts
 from auth.local_oidc import build_local_oidc_router
@@ -23,7 +23,7 @@ from graphs.core.persistence import (
     open_persistence,
     start_embedded_postgres,
 )
-from graphs.core.runlock import ThreadRunLocks
+from graphs.core.runlock import ThreadBusy, ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
 from graphs.core.timetravel import MessageCheckpoints, SupportAudit
@@ -36,6 +36,7 @@ from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
 from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint, token_scopes
+from ui.memory_page import STILL_RUNNING
 from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
 from ui.recovery import recover_forever
@@ -251,6 +252,7 @@ async def start() -> None:
         memory_jobs=runtime.memory_jobs,
         revocations=runtime.revocations,
         default_retention_days=runtime.settings.retention_days,
+        run_locks=runtime.run_locks,
     )
     runtime.memory_jobs.add_periodic(
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
@@ -274,7 +276,11 @@ async def delete_thread_data(thread_id: str) -> None:
     runtime = get_runtime()
     owner = await runtime.privacy.owner_of(thread_id)
     if owner is not None:
-        await runtime.privacy.purge_thread(owner, thread_id, forget=False, chainlit=False)
+        try:
+            await runtime.privacy.purge_thread(owner, thread_id, forget=False, chainlit=False)
+        except ThreadBusy:
+            # Raised before Chainlit deletes its rows: the conversation stays whole.
+            raise HTTPException(status_code=409, detail=STILL_RUNNING) from None
     log.info("deleted conversation %s", thread_id)
 
 

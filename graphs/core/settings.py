@@ -162,6 +162,8 @@ class Settings(BaseSettings):
     # Input limits.
     max_message_chars: int = Field(default=8000, ge=1)
     max_upload_mb: int = Field(default=5, ge=1, le=100)
+    max_upload_files: int = Field(default=5, ge=1, le=20)
+    """Files one message may carry (the browser's limit too; a hand-written client is refused)."""
     upload_mime_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["text/plain", "text/markdown", "text/csv"]
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from graphs.core.errors import ThreadNotFound
 from graphs.core.fence import fenced
+from graphs.core.runlock import ThreadBusy
 from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
 from graphs.memory.scoped import ROOT, ScopedMemory, user_label
@@ -79,6 +81,12 @@ class SessionRevoker(Protocol):
     async def revoke(self, user_id: str) -> None: ...
 
 
+class RunLocks(Protocol):
+    """One run at a time per thread (graphs.core.runlock.ThreadRunLocks)."""
+
+    def hold(self, thread_id: str) -> AbstractAsyncContextManager[None]: ...
+
+
 @dataclass(frozen=True)
 class ConversationDeleted:
     thread_id: str
@@ -107,6 +115,7 @@ class Privacy:
         memory_jobs: MemoryJobs | None,
         revocations: SessionRevoker,
         default_retention_days: int,
+        run_locks: RunLocks | None = None,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -114,6 +123,8 @@ class Privacy:
         self.memory_jobs = memory_jobs
         self.revocations = revocations
         self.default_retention_days = default_retention_days
+        self.run_locks = run_locks
+        """The runs' per-thread locks: a conversation is deleted only while none runs on it."""
 
     # One conversation ----------------------------------------------------------------------
 
@@ -154,7 +165,19 @@ class Privacy:
 
         The owner record goes last: until then the thread can be found and the delete
         retried; a memory job that is mid-way re-checks that record under the same lock.
+
+        Done holding the thread's run lock (graphs.core.runlock.ThreadBusy while a run is in
+        progress, and nothing is deleted): a run writes checkpoints until it ends, and they
+        came back after a delete made under it.
         """
+        if self.run_locks is None:
+            return await self._purge_thread(owner_id, thread_id, forget=forget, chainlit=chainlit)
+        async with self.run_locks.hold(thread_id):
+            return await self._purge_thread(owner_id, thread_id, forget=forget, chainlit=chainlit)
+
+    async def _purge_thread(
+        self, owner_id: str, thread_id: str, *, forget: bool, chainlit: bool
+    ) -> int:
         await self._remember_deleted([thread_id])
         if self.memory_jobs is not None:
             await self.memory_jobs.forget_thread(user_id=owner_id, thread_id=thread_id)
@@ -207,10 +230,15 @@ class Privacy:
                 (self.default_retention_days,),
             )
             expired = [(row["thread_id"], row["owner_id"]) for row in await cur.fetchall()]
+        deleted = 0
         for thread_id, owner_id in expired:
-            await self.purge_thread(owner_id, thread_id, forget=False, chainlit=True)
+            try:
+                await self.purge_thread(owner_id, thread_id, forget=False, chainlit=True)
+            except ThreadBusy:  # active after all: its run updates last_active_at
+                continue
+            deleted += 1
             log.info("retention: deleted inactive conversation %s of %s", thread_id, owner_id)
-        return len(expired)
+        return deleted
 
     # The whole account ---------------------------------------------------------------------
 

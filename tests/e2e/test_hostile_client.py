@@ -505,3 +505,131 @@ async def test_an_edit_of_a_message_not_in_the_users_chat_is_refused(app_server,
     assert humans(thread) == ["bob's own message"]
     assert humans(alice.thread_id()) == ["alice's private message"]
     await alice.close()
+
+
+# --- Sessions, message ids and NUL characters (a client that skips the browser's rules) ---
+
+REPLAYED = "That message was already sent and has been ignored."
+
+
+def _press(session_id: str, thread_id: str) -> dict[str, Any]:
+    payload = {"thread_id": thread_id, "interrupt_id": "forged", "decision": "approve"}
+    return {"sessionId": session_id, "action": {"name": "answer", "payload": payload}}
+
+
+async def test_a_button_press_names_only_a_begun_session_of_ones_own(app_server, cookies, bob):
+    threads = await _threads(app_server, cookies["bob"])
+    fresh = ChatSocket(app_server, cookies["bob"])
+    await fresh.connect()  # no message yet: no conversation
+    alice = ChatSocket(app_server, cookies["alice"])
+    await alice.start()
+    await alice.send("alice's session")
+    async with _http(app_server, cookies["bob"]) as http:
+        on_fresh = await http.post("/project/action", json=_press(fresh.session_id, "x"))
+        foreign = await http.post("/project/action", json=_press(alice.session_id, "x"))
+        missing = await http.post("/project/action", json=_press(str(uuid.uuid4()), "x"))
+        uploads = [
+            await http.post(
+                "/project/file",
+                params={"session_id": session_id},
+                files={"file": ("x.txt", b"x", "text/plain")},
+            )
+            for session_id in (alice.session_id, str(uuid.uuid4()))
+        ]
+    assert on_fresh.status_code == foreign.status_code == missing.status_code == 404
+    assert foreign.json() == missing.json()
+    assert [u.status_code for u in uploads] == [404, 404]
+    assert uploads[0].json() == uploads[1].json()
+    # Before: a conversation named "answer" appeared in bob's list, holding an error.
+    assert await _threads(app_server, cookies["bob"]) == threads
+    await fresh.close()
+    await alice.close()
+
+
+async def test_a_message_id_already_sent_is_refused_and_rewrites_nothing(app_server, cookies, bob):
+    from langchain_core.messages import HumanMessage
+
+    from tests.e2e.test_chat import checkpoint_messages
+
+    step = {
+        "threadId": "",
+        "id": str(uuid.uuid4()),
+        "name": "user",
+        "type": "user_message",
+        "output": "the original words",
+        "createdAt": datetime.now(UTC).isoformat(),
+        "metadata": {},
+    }
+    await bob.client.emit("client_message", {"message": step, "fileReferences": None})
+    await bob.wait_for(
+        lambda e, d: (
+            e in ("new_message", "update_message")
+            and isinstance(d, dict)
+            and "You said: the original words" in str(d.get("output"))
+        )
+    )
+    await asyncio.sleep(0.5)  # the reply is stored
+    thread = bob.thread_id()
+    before = _steps(app_server.database_url, thread)
+    step = {**step, "output": "rewritten words"}
+    bob.events.clear()
+    await bob.client.emit("client_message", {"message": step, "fileReferences": None})
+    await bob.wait_for(lambda e, d: e == "toast" and d["message"] == REPLAYED)
+    parented = {**step, "id": str(uuid.uuid4()), "parentId": str(uuid.uuid4())}
+    await bob.client.emit("client_message", {"message": parented, "fileReferences": None})
+    nul = {**step, "id": str(uuid.uuid4()), "output": "null\x00byte"}
+    await bob.client.emit("client_message", {"message": nul, "fileReferences": None})
+    await bob.wait_for(
+        lambda e, d: (
+            len([1 for ev, da in bob.events if ev == "toast" and da["message"] == MALFORMED]) == 2
+        )
+    )
+    await asyncio.sleep(0.5)
+    assert not any(e == "new_message" for e, _ in bob.events)
+    assert _steps(app_server.database_url, thread) == before
+    humans = [
+        m.text
+        for m in checkpoint_messages(app_server.database_url, thread)
+        if isinstance(m, HumanMessage)
+    ]
+    assert humans == ["the original words"]
+    assert "You said: still here" in await bob.send("still here")
+
+
+async def test_a_nul_character_in_an_http_request_is_a_4xx(app_server, cookies, bob):
+    await bob.send("a conversation to rename")
+    thread = bob.thread_id()
+    threads = await _threads(app_server, cookies["bob"])
+    async with _http(app_server, cookies["bob"]) as http:
+        answers = [
+            await http.put("/project/thread", json={"threadId": thread, "name": "a\x00b"}),
+            await http.get("/project/thread/%00"),
+            await http.post("/login", data={"username": "bob\x00", "password": "x"}),
+            await http.put(
+                "/api/memory/items/k",
+                json={"content": "tea\x00"},
+                headers={"x-cairn-request": "1"},
+            ),
+        ]
+    assert [a.status_code for a in answers] == [400, 400, 400, 400], [a.text for a in answers]
+    assert await _threads(app_server, cookies["bob"]) == threads
+
+
+async def test_a_conversation_is_not_deleted_under_a_run_in_progress(app_server, cookies, bob):
+    await bob.send("a conversation with a run going")
+    thread = bob.thread_id()
+    # A run of the thread on another worker holds its lock (graphs/core/runlock.py).
+    with psycopg.connect(app_server.database_url, autocommit=True) as run:
+        run.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"cairn-run:{thread}",))
+        async with _http(app_server, cookies["bob"]) as http:
+            busy = await http.request("DELETE", "/project/thread", json={"threadId": thread})
+            page = await http.post(
+                f"/api/conversations/{thread}/delete", json={}, headers={"x-cairn-request": "1"}
+            )
+        assert busy.status_code == page.status_code == 409, (busy.text, page.text)
+        assert thread in await _threads(app_server, cookies["bob"])
+        assert any("run going" in step for step in _steps(app_server.database_url, thread))
+    async with _http(app_server, cookies["bob"]) as http:
+        done = await http.request("DELETE", "/project/thread", json={"threadId": thread})
+    assert done.status_code == 200, done.text
+    assert thread not in await _threads(app_server, cookies["bob"])

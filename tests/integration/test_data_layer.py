@@ -18,7 +18,13 @@ from fastapi import HTTPException
 
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
-from ui.chainlit_patches import require_thread_author, write_assistant_message
+from ui.chainlit_patches import (
+    REPLAYED,
+    SOCKET_EVENTS,
+    guard_socket_events,
+    require_thread_author,
+    write_assistant_message,
+)
 from ui.data_layer import PostgresDataLayer, add_outside_turn, append_message
 
 pytestmark = pytest.mark.integration
@@ -467,3 +473,47 @@ async def test_an_element_for_a_step_waiting_to_be_stored_lands_with_its_step(
     thread = await layer.get_thread(thread_id)
     assert thread is not None
     assert [(s["name"], s["output"]) for s in thread["steps"]] == [("chart", "1 row")]
+
+
+class _Sockets:
+    """Chainlit's socket server as the guard sees it: one recorded handler, the toasts sent."""
+
+    def __init__(self) -> None:
+        self.reached: list[Any] = []
+        self.toasts: list[str] = []
+
+        async def client_message(sid: str, payload: Any) -> None:
+            self.reached.append(payload)
+
+        self.handlers = {"/": dict.fromkeys(SOCKET_EVENTS, client_message)}
+
+    async def emit(self, event: str, data: Any, to: str) -> None:
+        self.toasts.append(data["message"])
+
+
+async def test_a_message_id_already_stored_anywhere_is_refused_before_chainlit_stores_it(
+    layer: PostgresDataLayer,
+) -> None:
+    """A hand-rolled client resending the id of its own earlier message (which rewrote it) or
+    of Alice's (which left Bob's message out of his history) is refused; a new id goes on."""
+    alice, bob = await new_user(layer, "alice"), await new_user(layer, "bob")
+    alices, bobs = await new_thread(layer, alice), await new_thread(layer, bob)
+    init_http_context(thread_id=alices)
+    hers = step(alices, "Alice's words")
+    await layer.create_step(hers)
+    init_http_context(thread_id=bobs)
+    his = step(bobs, "Bob's first words")
+    await layer.create_step(his)
+    sockets = _Sockets()
+    guard_socket_events(sockets)
+    send = sockets.handlers["/"]["client_message"]
+
+    for reused in (hers["id"], his["id"]):
+        await send("no-such-socket", {"message": {**step(bobs, "replayed"), "id": reused}})
+    fresh = {"message": step(bobs, "Bob's second words")}
+    await send("no-such-socket", fresh)
+
+    assert sockets.toasts == [REPLAYED, REPLAYED]
+    assert sockets.reached == [fresh]
+    assert await layer.step_exists(hers["id"])
+    assert not await layer.step_exists(fresh["message"]["id"])

@@ -417,3 +417,56 @@ async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_wor
     assert await runner.stranded() == []
     print(f"assistant turn recovered in {recovered_in:.1f} s after the kill")
     await close()
+
+
+async def test_a_run_the_user_stopped_is_not_resumed_by_another_worker(database_url):
+    """Chainlit's Stop cancels the chat's task mid-run. Only a worker that dies leaves its run
+    for a live one; a stopped run is over, so its record goes with it (it stayed, beaten by its
+    worker, and the next worker to start after that one ended ran the stopped turn to the end)."""
+    stopping, close_stopping = await make_runner(
+        database_url, worker="stopping", slow_s=1.0, agent="assistant"
+    )
+    live, close_live = await make_runner(database_url, worker="live", agent="assistant")
+    thread_id = "stopped-assistant-1"
+    pool = stopping.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    graph = stopping.graphs["assistant"]
+    config = {"configurable": {"thread_id": thread_id}}
+    turn = asyncio.create_task(
+        stopping.message(
+            HeadlessSurface(),
+            user_id="alice",
+            thread_id=thread_id,
+            profile=None,
+            text=ASSISTANT_MESSAGE,
+            message_id="m-stopped",
+            temporary=False,
+        )
+    )
+    async with asyncio.timeout(30):
+        while (await graph.aget_state(config)).next != ("assistant",):
+            await asyncio.sleep(0.05)
+    turn.cancel()  # the user pressed Stop
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+
+    await asyncio.sleep(1.5)  # longer than stale_s: a left record would look stranded now
+    assert await live.stranded() == []
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM cairn_runs WHERE thread_id = %s", (thread_id,)
+        )
+        assert (await cur.fetchone())["n"] == 0
+    # The thread is free again: the user's next message is answered.
+    outcome = await live.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile=None,
+        text="And for two people?",
+        message_id="m-next",
+        temporary=False,
+    )
+    assert outcome.status == "done"
+    await close_stopping()
+    await close_live()

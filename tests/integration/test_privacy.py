@@ -17,6 +17,7 @@ from graphs.assistant.graph import build_graph
 from graphs.assistant.offline import offline_assistant
 from graphs.core.context import Context
 from graphs.core.persistence import Persistence
+from graphs.core.runlock import ThreadBusy, ThreadRunLocks
 from graphs.memory.manage import (
     MemoryNotFound,
     MemoryRefused,
@@ -451,3 +452,36 @@ async def test_retention_runs_as_a_periodic_job_on_the_queue(db: Persistence) ->
 
 async def _ran(ran: list[float]) -> bool:
     return bool(ran)
+
+
+async def test_a_conversation_is_not_deleted_under_a_run_in_progress(
+    db: Persistence, graph: Any
+) -> None:
+    """A run writes checkpoints until it ends: deleted under it, the conversation's checkpoints
+    came back after the delete, with no owner left to delete them. The delete is refused
+    (nothing removed) while the run holds the thread, and goes through once it is over."""
+    locks = ThreadRunLocks(db.pool)
+    service = Privacy(
+        pool=db.pool,
+        store=db.store,
+        checkpointer=db.checkpointer,
+        memory_jobs=None,
+        revocations=SessionRevocations(db.pool),
+        default_retention_days=365,
+        run_locks=locks,
+    )
+    user = new_id("user")
+    thread = await conversation(db, graph, user, "I prefer trains")
+    before = await thread_rows(db, thread)
+    try:
+        async with locks.hold(thread):  # a run of the thread, on this worker or another
+            with pytest.raises(ThreadBusy):
+                await service.delete_conversation(user_id=user, thread_id=thread, forget=False)
+            with pytest.raises(ThreadBusy):
+                await service.purge_thread(user, thread, forget=False, chainlit=False)
+            assert await thread_rows(db, thread) == before
+
+        await service.delete_conversation(user_id=user, thread_id=thread, forget=False)
+        assert not any((await thread_rows(db, thread)).values())
+    finally:
+        await locks.close()

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import chainlit
@@ -414,6 +415,10 @@ JUNK_MESSAGES = [
     {"message": _step(output="x" * 1_000_001)},
     {"message": _step(), "fileReferences": "x"},
     {"message": _step(), "fileReferences": [{"id": 5}]},
+    {"message": _step(parentId=str(uuid.uuid4()))},
+    {"message": _step(output="hi\x00there")},
+    {"message": _step(metadata={"location\x00": "x"})},
+    {"message": _step(metadata={"deep": [[{"x": "\x00"}]]})},
 ]
 
 
@@ -434,6 +439,31 @@ async def test_a_browser_message_reaches_chainlit():
     assert sio.calls == [("client_message", ("sid", payload))]
 
 
+async def test_a_message_id_already_in_the_chat_is_refused_as_a_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sent again under an id already used, it would rewrite that message instead of adding one."""
+    from chainlit.chat_context import chat_contexts
+    from chainlit.session import ws_sessions_sid
+
+    session = object.__new__(WebsocketSession)
+    session.id = str(uuid.uuid4())
+    monkeypatch.setitem(ws_sessions_sid, "sid", session)
+    sent = _step()
+    # What Chainlit's process_message put in the chat (only the id is read).
+    monkeypatch.setitem(chat_contexts, session.id, [SimpleNamespace(id=sent["id"])])
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+
+    await sio.handlers["/"]["client_message"]("sid", {"message": {**sent, "output": "rewritten"}})
+    assert sio.calls == []
+    assert sio.emitted == [("toast", {"message": chainlit_patches.REPLAYED, "type": "error"})]
+
+    new = {"message": _step(output="a new message")}
+    await sio.handlers["/"]["client_message"]("sid", new)
+    assert sio.calls == [("client_message", ("sid", new))]
+
+
 async def test_an_edit_is_refused_when_editing_is_turned_off(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(chainlit.config.config.features, "edit_message", False)
     sio = _FakeSio()
@@ -448,6 +478,60 @@ async def test_a_malformed_edit_never_reaches_the_edit_handler(payload):
     chainlit_patches.guard_socket_events(sio)
     await sio.handlers["/"]["edit_message"]("sid", payload)
     assert sio.calls == []
+
+
+async def test_stop_cancels_an_edits_run_as_it_does_a_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chainlit.chat_context import chat_contexts
+    from chainlit.user import User
+
+    emitted: list[str] = []
+
+    async def emit(event: str, *_args: Any) -> None:
+        emitted.append(event)
+
+    session = WebsocketSession(
+        id=str(uuid.uuid4()),
+        socket_id=f"sid-{uuid.uuid4()}",
+        emit=emit,
+        emit_call=emit,
+        client_type="webapp",
+        user_env={},
+        user=User(identifier="bob"),
+        token=None,
+        chat_profile=None,
+        thread_id=None,
+    )
+    sent = SimpleNamespace(id=str(uuid.uuid4()), type="user_message")
+    monkeypatch.setitem(chat_contexts, session.id, [sent])
+    started, cancelled = asyncio.Event(), []
+
+    async def long_edit(message: Any, text: str, later: list[Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(text)
+            raise
+
+    monkeypatch.setattr(chainlit_patches, "_edit_handler", long_edit)
+    sio = _FakeSio()
+    chainlit_patches.route_message_edits(sio)
+    edit = asyncio.create_task(
+        sio.handlers["/"]["edit_message"](
+            session.socket_id, {"message": {"id": sent.id, "output": "new"}}
+        )
+    )
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        assert session.current_task is edit
+        session.current_task.cancel()  # what Chainlit's stop handler does
+        await asyncio.wait_for(edit, 5)
+    finally:
+        await session.delete()
+    assert cancelled == ["new"]
+    assert emitted[-1] == "task_end"
 
 
 def test_editing_is_on_and_goes_to_cairns_handler():
@@ -510,6 +594,40 @@ async def test_a_handler_failure_shows_a_fixed_text():
 def test_a_malformed_ask_answer_is_refused(spec, answer):
     with pytest.raises(chainlit_patches.Malformed):
         check_ask_answer(spec, answer)
+
+
+@pytest.mark.parametrize(
+    "event", ["edit_message", "window_message", "chat_settings_change", "chat_settings_edit"]
+)
+async def test_a_nul_character_in_any_frame_never_reaches_chainlit(event: str) -> None:
+    """Postgres stores no NUL in text or jsonb: Chainlit's write failed half-way."""
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"][event]("sid", {"message": {"id": str(uuid.uuid4()), "output": "\x00"}})
+    assert sio.calls == []
+    assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"userEnv": '{"KEY": "a\\u0000b"}'},
+        {"chatProfile": "Assistant\x00"},
+        {"threadId": str(uuid.uuid4()) + "\x00"},
+    ],
+)
+def test_a_nul_character_in_the_connect_auth_is_refused(auth: dict[str, str]) -> None:
+    with pytest.raises(chainlit_patches.Malformed):
+        chainlit_patches.check_connect(
+            {"sessionId": str(uuid.uuid4()), "clientType": "webapp", **auth}
+        )
+
+
+def test_a_nul_character_in_an_ask_answer_is_refused() -> None:
+    with pytest.raises(chainlit_patches.Malformed):
+        check_ask_answer("text", _step(output="my edit\x00"))
+    with pytest.raises(chainlit_patches.Malformed):
+        check_ask_answer("action", {"name": "approve", "payload": {"x": "\x00"}})
 
 
 def test_good_ask_answers_pass():

@@ -102,12 +102,30 @@ def test_a_non_utf8_file_is_refused(tmp_path: Path, settings: Settings) -> None:
     assert "UTF-8" in str(caught.value)
 
 
+def test_a_utf8_file_with_nul_characters_is_refused(tmp_path: Path, settings: Settings) -> None:
+    binary = upload(tmp_path, "dump.txt", b"looks like text\x00\x00then not")
+
+    with pytest.raises(InputRejected, match=re.escape("dump.txt is not a text file")):
+        check_message("what is this?", [binary], settings)
+
+
 def test_one_bad_file_refuses_the_whole_message(tmp_path: Path, settings: Settings) -> None:
     good = upload(tmp_path, "good.txt", b"fine")
     bad = upload(tmp_path, "bad.bin", b"\x00\x01", mime="application/octet-stream")
 
     with pytest.raises(InputRejected, match=re.escape("bad.bin")):
         check_message("both please", [good, bad], settings)
+
+
+def test_more_files_than_the_browser_allows_are_refused(tmp_path: Path, settings: Settings) -> None:
+    """A hand-written client skips the browser's limit: one file fifty times was fifty copies
+    (each up to the message limit) in front of the model."""
+    notes = upload(tmp_path, "notes.txt", b"the same notes")
+    limit = settings.max_upload_files
+
+    assert len(check_message("read these", [notes] * limit, settings)) == limit
+    with pytest.raises(InputRejected, match=f"{limit + 1} files attached; the limit is {limit}"):
+        check_message("read these", [notes] * (limit + 1), settings)
 
 
 def test_a_long_attachment_is_not_silently_cut(tmp_path: Path, settings: Settings) -> None:
