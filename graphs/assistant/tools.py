@@ -11,6 +11,7 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from graphs.assistant.state import ForgetUpdate
 from graphs.core.context import Context
 from graphs.memory.grounding import remember_request, typed_text
 from graphs.memory.policy import (
@@ -222,15 +223,13 @@ async def forget(what: str, runtime: ToolRuntime[Context, Any]) -> Command[Any]:
     else:
         text = f"Forgotten: {target.content}"
     await memory.forget(target, reason="user asked in chat")
-    fact = normalise_fact(target.content)
-    recalled = [
-        r
-        for r in runtime.state.get("recalled", [])
-        if r["key"] != target.key and normalise_fact(r["content"]) != fact
-    ]
+    dropped: ForgetUpdate = {
+        "forget_key": target.key,
+        "forget_fact": normalise_fact(target.content),
+    }
     return Command(
         update={
-            "recalled": recalled,
+            "recalled": dropped,
             "messages": [memory_result(runtime, text, "forgotten")],
         }
     )
