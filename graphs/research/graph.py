@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from langchain_core.exceptions import ModelRefusalError, OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import tool
@@ -300,15 +301,18 @@ async def critique(report: str, state: State, critic: Runnable[Any, Any]) -> lis
         for p in sorted(state.get("files") or {})
         if p.startswith("/notes/")
     )
-    answer = await critic.ainvoke(
-        [
-            SystemMessage(CRITIC_PROMPT),
-            HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
-        ]
-    )
     try:
+        answer = await critic.ainvoke(
+            [
+                SystemMessage(CRITIC_PROMPT),
+                HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
+            ]
+        )
         return Critique.model_validate(answer).flags
-    except ValidationError:
+    except (ValidationError, OutputParserException, ModelRefusalError, ValueError) as exc:
+        # The critic only adds doubts: without its reading, the code's check of every
+        # citation against the fetch log still decides what stays in the report.
+        log.warning("the critic's answer was unusable: %s", " ".join(str(exc).split())[:200])
         return []
 
 
@@ -324,7 +328,9 @@ def route_after_check(state: State, *, deps: ResearchDeps) -> Literal["reopen_cl
 def reopen_claims(state: State) -> dict[str, Any]:
     """Each unsupported claim becomes a todo: re-research it with a source, or remove it."""
     new: list[Todo] = []
-    for item in state["unsupported"]:
+    # The critic's flags come from a model: however many there are, a round re-researches at
+    # most a plan's worth, and finalize removes whatever still fails.
+    for item in state["unsupported"][:MAX_TODOS]:
         claim, _, reason = item.rpartition(" — ")
         text = f"Re-research or remove ({reason[:60]}): {claim or item}"
         new.append({"content": text[:200], "status": "pending"})
@@ -403,7 +409,7 @@ def research_task(state: State) -> str:
     ]
     if state.get("unsupported"):
         lines += ["", "Unsupported claims in final_report.md (re-research or remove each):"]
-        lines += [f"- {claim}" for claim in state["unsupported"]]
+        lines += [f"- {claim}" for claim in state["unsupported"][:MAX_TODOS]]
     return "\n".join(lines)
 
 

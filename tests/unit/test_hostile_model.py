@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from deepagents.backends.utils import create_file_data
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.messages.tool import invalid_tool_call, tool_call
@@ -13,17 +14,40 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 from langchain_openai.chat_models.base import OpenAIRefusalError
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.runtime import Runtime
 from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
 
 from graphs.assistant.graph import TOOL_BUDGET_SPENT, TOOL_CALL_BUDGET
 from graphs.assistant.graph import build_graph as build_assistant
 from graphs.core.context import Context
+from graphs.core.settings import Settings
 from graphs.core.toolcalls import limit_tool_calls
 from graphs.memory.scoped import ScopedMemory
 from graphs.planner.graph import TOOL_CALLS_PER_REPLY
 from graphs.planner.graph import build_graph as build_planner
 from graphs.planner.state import Act, Plan, Response
+from graphs.research import SAMPLE_CORPUS_DIR
+from graphs.research.agents import (
+    APPROVED_NOTES,
+    ORCHESTRATOR_MODEL_CALLS,
+    ORCHESTRATOR_TASKS,
+    RESEARCHER,
+    build_orchestrator,
+)
+from graphs.research.files import REPORT_PATH
+from graphs.research.graph import (
+    MAX_TODOS,
+    Models,
+    ResearchDeps,
+    ResearchTools,
+    check_citations,
+    reopen_claims,
+    research_task,
+)
+from graphs.tools.fetch import Fetcher
+from graphs.tools.fetchlog import MemoryFetchLog
+from graphs.tools.search import LocalCorpus
 from tests.fakes import ScriptedChatModel
 
 
@@ -236,3 +260,81 @@ async def test_a_refused_plan_is_not_asked_for_again() -> None:
     assert done["response"] == "I could not draft a valid plan (the model refused to give a Plan)."
     assert done["outcome"] == "failed"
     assert len(model.seen) == 1
+
+
+# Research -----------------------------------------------------------------------------------
+
+SLUG = "seed-vault-opening-date"
+INVENTED = '- The vault holds gold ["the vault holds gold bars"](https://never.example/gold)'
+
+
+def delegating_forever(replies: int) -> Iterator[AIMessage]:
+    """An orchestrator that answers every turn with more subagent tasks and file listings."""
+    for i in range(replies):
+        task = {"description": f"Research notes/{SLUG}.md", "subagent_type": RESEARCHER}
+        calls = [tool_call(name="task", args=task, id=f"t{i}-{n}") for n in range(3)]
+        calls.append(tool_call(name="ls", args={"path": "/"}, id=f"ls{i}"))
+        yield AIMessage("", tool_calls=calls)
+
+
+async def test_an_orchestrator_that_delegates_forever_stops_at_its_round_limits() -> None:
+    started: list[str] = []
+
+    async def researcher(state: dict[str, Any]) -> dict[str, Any]:
+        started.append(str(state["messages"][-1].text))
+        return {"messages": [AIMessage("Notes written.")]}
+
+    subagent: Any = {
+        "name": RESEARCHER,
+        "description": "Researches one topic.",
+        "runnable": RunnableLambda(researcher),
+    }
+    model = ScriptedChatModel(list(delegating_forever(500)))
+    orchestrator = build_orchestrator(model, subagent)
+
+    result = await orchestrator.ainvoke(
+        {"messages": [HumanMessage("Question: when did the seed vault open?")], "files": {}},
+        {"configurable": {APPROVED_NOTES: [SLUG]}},
+        context=Context(user_id="alice", thread_id="t-loop", agent="research"),
+    )
+
+    assert 0 < len(started) <= ORCHESTRATOR_TASKS
+    assert len(model.seen) <= ORCHESTRATOR_MODEL_CALLS
+    assert not result["messages"][-1].tool_calls
+
+
+async def test_a_critic_that_answers_garbage_or_refuses_leaves_the_code_check_in_charge() -> None:
+    state: dict[str, Any] = {
+        "question": "When did the seed vault open?",
+        "todos": [{"content": "Seed vault opening date", "status": "completed"}],
+        "files": {REPORT_PATH: dict(create_file_data(f"# Vault\n\n{INVENTED}\n"))},
+        "critique_round": 0,
+    }
+    for refuse in (False, True):
+        deps = ResearchDeps.of(
+            Models(*[BrokenStructuredModel([], refuse=refuse)] * 4),
+            ResearchTools(
+                search=LocalCorpus(SAMPLE_CORPUS_DIR), fetcher=Fetcher(log=MemoryFetchLog())
+            ),
+            Settings(),
+        )
+        runtime = Runtime(context=Context(user_id="alice", thread_id="t1"), store=None)
+
+        checked = await check_citations(state, runtime, deps=deps)
+
+        assert len(checked["unsupported"]) == 1
+        assert "holds gold" in checked["unsupported"][0]
+
+
+def test_a_flood_of_unsupported_claims_reopens_at_most_a_plans_worth() -> None:
+    state: dict[str, Any] = {
+        "question": "When did the seed vault open?",
+        "todos": [{"content": "Seed vault opening date", "status": "completed"}],
+        "unsupported": [f"Claim {i} — critic: made up" for i in range(500)],
+        "critique_round": 0,
+    }
+
+    update = reopen_claims(state)
+
+    assert len([t for t in update["todos"] if t["status"] == "pending"]) == MAX_TODOS
+    assert research_task({**state, **update}).count("\n- Claim") == MAX_TODOS
