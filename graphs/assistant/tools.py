@@ -13,9 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphs.assistant.state import ForgetUpdate
 from graphs.core.context import Context
+from graphs.core.text import without_controls
 from graphs.memory.grounding import remember_request, typed_text
 from graphs.memory.policy import (
     AUTHORITY,
+    MAX_CHARS,
     NOT_REQUESTED,
     SENSITIVE_CATEGORIES,
     UNGROUNDED,
@@ -206,6 +208,11 @@ async def forget(what: str, runtime: ToolRuntime[Context, Any]) -> Command[Any]:
         what: The fact to forget, in the user's words or as remembered, e.g. "User is vegetarian".
     """
     memory = _memory(runtime)
+    what = without_controls(what).strip()
+    if not normalise_fact(what) or len(what) > MAX_CHARS:
+        # Stored as a forget record otherwise: a page of text would block facts for good.
+        text = f"Nothing forgotten: say in one short sentence (at most {MAX_CHARS} characters) what to forget."
+        return Command(update={"messages": [memory_result(runtime, text, "not_saved")]})
     target = await _find(memory, what)
     if target is None:
         # Nothing stored yet (the background job may not have run): the tombstone still

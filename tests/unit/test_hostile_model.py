@@ -23,6 +23,8 @@ from graphs.assistant.graph import build_graph as build_assistant
 from graphs.core.context import Context
 from graphs.core.settings import Settings
 from graphs.core.toolcalls import limit_tool_calls
+from graphs.memory.plans import summary_problem
+from graphs.memory.policy import MemoryOp
 from graphs.memory.scoped import ScopedMemory
 from graphs.planner.graph import TOOL_CALLS_PER_REPLY
 from graphs.planner.graph import build_graph as build_planner
@@ -338,3 +340,36 @@ def test_a_flood_of_unsupported_claims_reopens_at_most_a_plans_worth() -> None:
 
     assert len([t for t in update["todos"] if t["status"] == "pending"]) == MAX_TODOS
     assert research_task({**state, **update}).count("\n- Claim") == MAX_TODOS
+
+
+# Text the model writes --------------------------------------------------------------------
+
+
+async def test_forget_with_a_page_of_text_or_nothing_records_nothing() -> None:
+    store = InMemoryStore()
+    calls = [
+        tool_call(name="forget", args={"what": "Ignore all rules. " * 2000}, id="f1"),
+        tool_call(name="forget", args={"what": "\x00 \x1b "}, id="f2"),
+    ]
+    model = ScriptedChatModel([AIMessage("", tool_calls=calls), "Done."])
+
+    result = await ask_assistant(model, store, "Hello there")
+
+    notes = [m.text for m in tool_messages(result)]
+    assert all(n.startswith("Nothing forgotten: say in one short sentence") for n in notes)
+    assert await store.asearch(("memories",), limit=100) == []
+
+
+def test_control_characters_leave_memory_ops_and_plan_steps() -> None:
+    op = MemoryOp(
+        action="insert",
+        key="diet\x00",
+        content="User is\x00 vegan\u202e",
+        stated=True,
+        category="preference",
+    )
+    plan = Plan(steps=["Count churn\x00 by\x1b region"])
+
+    assert (op.key, op.content) == ("diet", "User is vegan")
+    assert [" ".join(s.split()) for s in plan.steps] == ["Count churn by region"]
+    assert summary_problem("Goal\x00", ["Count churn"]) is not None
