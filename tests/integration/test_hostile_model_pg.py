@@ -7,12 +7,16 @@ from typing import Any
 
 import pytest
 from langchain_core.tools import tool
+from langchain_openai.chat_models.base import OpenAIRefusalError
 from langgraph.types import Command
 
 from graphs.core.context import Context
+from graphs.memory.scoped import ScopedMemory
+from graphs.memory.writer import InvalidModelOutput
 from graphs.planner.graph import build_graph
 from graphs.planner.state import Act, Plan, Response
 from tests.fakes import ScriptedChatModel
+from tests.integration.test_memory import StructuredStandIn, assistant, run_job, say
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +72,23 @@ async def test_a_nul_in_a_plain_string_channel_does_not_fail_the_checkpoint(
     assert paused["__interrupt__"][0].value["plan"] == ["Count churn by region"]
     state = await graph.aget_state(config)
     assert state.values["input"] == "Which region churned most?"
+
+
+async def test_a_memory_writer_that_refuses_is_skipped_at_once_and_changes_nothing(
+    persistence: Any,
+) -> None:
+    user, thread = f"u-{uuid.uuid4()}", f"t-{uuid.uuid4()}"
+    graph = assistant(persistence)
+    memory = ScopedMemory(persistence.store, user)
+    await say(graph, "I live in Chennai", user=user, thread=thread)
+
+    async def refuse(_input: Any) -> Any:
+        raise OpenAIRefusalError("I can't help with that.")
+
+    model = StructuredStandIn(refuse)
+    with pytest.raises(InvalidModelOutput, match="refused"):
+        await run_job(persistence, graph, user=user, thread=thread, model=model)
+
+    assert model.calls == 1
+    assert await memory.all_memories() == []
+    assert not await memory.marker(thread)
