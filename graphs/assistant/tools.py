@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from graphs.assistant.state import ForgetUpdate
 from graphs.core.context import Context
 from graphs.core.text import without_controls
-from graphs.memory.grounding import remember_request, typed_text
+from graphs.memory.grounding import asks_to_forget, remember_request, typed_text
 from graphs.memory.policy import (
     AUTHORITY,
     MAX_CHARS,
@@ -208,10 +208,18 @@ async def forget(what: str, runtime: ToolRuntime[Context, Any]) -> Command[Any]:
         what: The fact to forget, in the user's words or as remembered, e.g. "User is vegetarian".
     """
     memory = _memory(runtime)
+    if not asks_to_forget(latest_user_text(runtime.state)):
+        # A model forgetting on its own (told to by a page, a memory or nobody) deletes nothing.
+        log.info("forget refused user=%s reason=not_requested", memory.user_id)
+        text = "Nothing forgotten: you did not ask me to forget anything in your last message."
+        return Command(update={"messages": [memory_result(runtime, text, "not_saved")]})
     what = without_controls(what).strip()
     if not normalise_fact(what) or len(what) > MAX_CHARS:
         # Stored as a forget record otherwise: a page of text would block facts for good.
-        text = f"Nothing forgotten: say in one short sentence (at most {MAX_CHARS} characters) what to forget."
+        text = (
+            f"Nothing forgotten: say in one short sentence (at most {MAX_CHARS} characters) "
+            "what to forget."
+        )
         return Command(update={"messages": [memory_result(runtime, text, "not_saved")]})
     target = await _find(memory, what)
     if target is None:

@@ -102,7 +102,7 @@ async def test_one_reply_with_many_tool_calls_runs_only_the_budget() -> None:
         )
     model = ScriptedChatModel([AIMessage("", tool_calls=forget_calls(10)), "Done."])
 
-    result = await ask_assistant(model, store, "Hello there")
+    result = await ask_assistant(model, store, "Forget all of those facts")
 
     assert len(tool_messages(result)) == TOOL_CALL_BUDGET
     assert len(await memory.all_memories()) == 10 - TOOL_CALL_BUDGET
@@ -353,11 +353,34 @@ async def test_forget_with_a_page_of_text_or_nothing_records_nothing() -> None:
     ]
     model = ScriptedChatModel([AIMessage("", tool_calls=calls), "Done."])
 
-    result = await ask_assistant(model, store, "Hello there")
+    result = await ask_assistant(model, store, "Please forget it")
 
     notes = [m.text for m in tool_messages(result)]
     assert all(n.startswith("Nothing forgotten: say in one short sentence") for n in notes)
     assert await store.asearch(("memories",), limit=100) == []
+
+
+async def test_a_forget_the_user_never_asked_for_deletes_nothing() -> None:
+    store = InMemoryStore()
+    memory = ScopedMemory(store, "alice")
+    await memory.put(
+        "diet",
+        content="User is vegetarian",
+        category="profile",
+        source={},
+        confidence=1,
+        stated=True,
+    )
+    call = tool_call(name="forget", args={"what": "User is vegetarian"}, id="f1")
+    model = ScriptedChatModel([AIMessage("", tool_calls=[call]), "Hi!"])
+
+    result = await ask_assistant(model, store, "Hello there, what's for dinner?")
+
+    assert [m.text for m in tool_messages(result)] == [
+        "Nothing forgotten: you did not ask me to forget anything in your last message."
+    ]
+    assert [m.content for m in await memory.all_memories()] == ["User is vegetarian"]
+    assert await memory.tombstones() == []
 
 
 def test_control_characters_leave_memory_ops_and_plan_steps() -> None:
