@@ -53,6 +53,8 @@ log = logging.getLogger("cairn.research")
 
 MAX_TODOS = 8
 MAX_PLAN_REJECTIONS = 2
+MAX_CRITIC_FLAGS = 50
+"""Critic flags read per round; more than a report has claims worth doubting is noise."""
 TodoText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=3, max_length=200)]
 """Stripped before the length check: a topic of blanks is no topic."""
 
@@ -308,7 +310,8 @@ async def critique(report: str, state: State, critic: Runnable[Any, Any]) -> lis
                 HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
             ]
         )
-        return Critique.model_validate(answer).flags
+        # Each flag is matched against every claim: a flood of them is cut, not worked through.
+        return Critique.model_validate(answer).flags[:MAX_CRITIC_FLAGS]
     except (ValidationError, OutputParserException, ModelRefusalError, ValueError) as exc:
         # The critic only adds doubts: without its reading, the code's check of every
         # citation against the fetch log still decides what stays in the report.

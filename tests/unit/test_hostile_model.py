@@ -39,11 +39,15 @@ from graphs.research.agents import (
 )
 from graphs.research.files import REPORT_PATH
 from graphs.research.graph import (
+    MAX_CRITIC_FLAGS,
     MAX_TODOS,
+    Critique,
+    Flag,
     Models,
     ResearchDeps,
     ResearchTools,
     check_citations,
+    critique,
     reopen_claims,
     research_task,
 )
@@ -150,6 +154,27 @@ async def test_unknown_tools_wrong_types_and_extra_fields_are_errors_the_model_s
     assert [m.status for m in errors] == ["error", "error"]
     assert "drop_table is not a valid tool" in errors[0].text
     assert await store.asearch(("memories",), limit=100) == []
+
+
+async def test_a_remember_aimed_at_another_user_lands_only_with_the_signed_in_user() -> None:
+    store = InMemoryStore()
+    args = {
+        "fact": "User likes green tea",
+        "category": "preference",
+        "user_id": "bob",
+        "namespace": ["memories", "bob"],
+        "runtime": {"context": {"user_id": "bob"}},
+    }
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call(name="remember", args=args, id="r1")]), "Saved."]
+    )
+
+    await ask_assistant(model, store, "Please remember that I like green tea")
+
+    assert await store.asearch(("memories", "bob"), limit=100) == []
+    assert [m.content for m in await ScopedMemory(store, "alice").all_memories()] == [
+        "User likes green tea"
+    ]
 
 
 async def test_an_empty_answer_becomes_a_clear_message() -> None:
@@ -326,6 +351,20 @@ async def test_a_critic_that_answers_garbage_or_refuses_leaves_the_code_check_in
 
         assert len(checked["unsupported"]) == 1
         assert "holds gold" in checked["unsupported"][0]
+
+
+async def test_a_critic_flood_is_cut_before_it_is_matched() -> None:
+    flags = [Flag(claim=f"The vault holds gold {i}", reason="made up") for i in range(5000)]
+    critic = ScriptedChatModel(structured=[Critique(flags=flags)])
+    state: dict[str, Any] = {
+        "files": {REPORT_PATH: dict(create_file_data(f"# Vault\n\n{INVENTED}\n"))}
+    }
+
+    kept = await critique(
+        f"# Vault\n\n{INVENTED}\n", state, critic.with_structured_output(Critique)
+    )
+
+    assert len(kept) == MAX_CRITIC_FLAGS
 
 
 def test_a_flood_of_unsupported_claims_reopens_at_most_a_plans_worth() -> None:
