@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from chainlit.step import StepDict
 
+from graphs.core.text import without_controls
 from ui.render import RenderPolicy, origin_of, sanitise
 
 TRUSTED_LINKS_KEY = "trusted_links"
@@ -50,6 +51,9 @@ def sanitise_step(step: StepDict) -> StepDict:
     for key in ("output", "input"):
         if isinstance(value := clean.get(key), str) and value:
             clean[key] = sanitise(value, policy)
+    if isinstance(name := clean.get("name"), str):
+        # A tool's or a plan step's name is the model's text too (shown as plain text).
+        clean["name"] = without_controls(name)
     return cast("StepDict", clean)
 
 

@@ -11,6 +11,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 from markdown_it import MarkdownIt
 
+from graphs.core.text import without_controls
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -440,8 +442,12 @@ returned as it is, without parsing: most streamed prefixes (a turn's CPU, issue 
 
 
 def sanitise(text: str, policy: RenderPolicy) -> str:
-    """text with every image from elsewhere, raw HTML and data-carrying link made harmless."""
-    if not text or _MAY_POINT.search(text) is None:
+    """text with every image from elsewhere, raw HTML and data-carrying link made harmless, and
+    no control characters (a NUL fails the conversation's write; a bidi override disguises)."""
+    if not text:
+        return text
+    text = without_controls(text)
+    if _MAY_POINT.search(text) is None:
         return text
     return _sanitise_parsed(text, policy)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import (
+    AIMessage,
     HumanMessage,
     RemoveMessage,
     SystemMessage,
@@ -22,6 +23,7 @@ from graphs.assistant.tools import TOOLS
 from graphs.core.context import Context
 from graphs.core.models import chat_model
 from graphs.core.nodes import bind, on_loop
+from graphs.core.toolcalls import limit_tool_calls
 from graphs.memory.recall import Recalled, memory_block, note_recalled, recall
 from graphs.memory.scoped import Memory, ScopedMemory
 
@@ -40,6 +42,11 @@ history (get_state_history) and in the conversation record, so turn time and che
 stay flat however long a thread grows."""
 TOOL_CALL_BUDGET = 4
 """Tool calls per user message before the model is told to answer with what it has."""
+TOOL_BUDGET_SPENT = (
+    "I stopped here: this message already used all the memory tool calls it may make. "
+    "Nothing more was saved or forgotten; please ask again if something is missing."
+)
+EMPTY_REPLY = "The model sent an empty answer. Please try again."
 
 
 async def recall_memories(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -69,15 +76,21 @@ class AssistantDeps:
 
 async def assistant(state: State, *, deps: AssistantDeps) -> dict[str, Any]:
     """Answer with the trimmed conversation and the recalled memories as labelled data."""
-    over_budget = _tool_calls_this_turn(state["messages"]) >= TOOL_CALL_BUDGET
+    used = _tool_calls_this_turn(state["messages"])
+    over_budget = used >= TOOL_CALL_BUDGET
     prompt = SYSTEM_PROMPT.format(memories=_block(state.get("recalled", [])))
     if over_budget:
         prompt += TOOL_BUDGET_NOTE
     window = _window(state["messages"])
     runnable = deps.model if over_budget else deps.with_tools
-    reply = await runnable.ainvoke([SystemMessage(prompt), *window])
-    if getattr(reply, "tool_calls", None):
+    answer = await runnable.ainvoke([SystemMessage(prompt), *window])
+    # The budget holds in code: a model offered no tools may still answer with tool calls, and
+    # one reply may ask for any number of them.
+    reply = limit_tool_calls(answer, TOOL_CALL_BUDGET - used)
+    if reply.tool_calls:
         return {"messages": [reply]}
+    if not str(reply.text).strip():
+        reply = AIMessage(TOOL_BUDGET_SPENT if over_budget else EMPTY_REPLY, id=reply.id)
     return {"messages": [reply, *_prune([*state["messages"], reply])]}
 
 

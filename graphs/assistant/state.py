@@ -9,6 +9,8 @@ from langchain_core.messages import AnyMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.graph.message import add_messages
 
+from graphs.memory.policy import normalise_fact
+
 
 def add_message_batches(state: list[AnyMessage], batches: Sequence[Any]) -> list[AnyMessage]:
     """add_messages over a batch of writes, as DeltaChannel replays them."""
@@ -28,6 +30,32 @@ class RecalledMemory(TypedDict):
     content: str
 
 
+class ForgetUpdate(TypedDict):
+    """What one forget call takes out of this turn's recalled memories."""
+
+    forget_key: str
+    forget_fact: str
+    """The forgotten fact, normalised (graphs.memory.policy.normalise_fact)."""
+
+
+def update_recalled(
+    current: list[RecalledMemory], update: list[RecalledMemory] | ForgetUpdate
+) -> list[RecalledMemory]:
+    """recall_memories replaces the list; each forget removes its own fact from it.
+
+    A reducer, not a plain value: a model may call forget several times in one reply, and the
+    tool calls run in one step, so each forget's removal must add up instead of colliding.
+    """
+    if isinstance(update, dict):
+        return [
+            r
+            for r in current
+            if r["key"] != update["forget_key"]
+            and normalise_fact(r["content"]) != update["forget_fact"]
+        ]
+    return list(update)
+
+
 class State(TypedDict):
     """The conversation plus what recall found for the current turn."""
 
@@ -36,5 +64,5 @@ class State(TypedDict):
     messages: Annotated[
         list[AnyMessage], DeltaChannel(add_message_batches, snapshot_frequency=SNAPSHOT_EVERY)
     ]
-    recalled: list[RecalledMemory]
+    recalled: Annotated[list[RecalledMemory], update_recalled]
     """Memories for this turn's prompt; replaced by recall_memories, trimmed by forget."""

@@ -11,10 +11,13 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from graphs.assistant.state import ForgetUpdate
 from graphs.core.context import Context
-from graphs.memory.grounding import remember_request, typed_text
+from graphs.core.text import without_controls
+from graphs.memory.grounding import asks_to_forget, remember_request, typed_text
 from graphs.memory.policy import (
     AUTHORITY,
+    MAX_CHARS,
     NOT_REQUESTED,
     SENSITIVE_CATEGORIES,
     UNGROUNDED,
@@ -205,6 +208,19 @@ async def forget(what: str, runtime: ToolRuntime[Context, Any]) -> Command[Any]:
         what: The fact to forget, in the user's words or as remembered, e.g. "User is vegetarian".
     """
     memory = _memory(runtime)
+    if not asks_to_forget(latest_user_text(runtime.state)):
+        # A model forgetting on its own (told to by a page, a memory or nobody) deletes nothing.
+        log.info("forget refused user=%s reason=not_requested", memory.user_id)
+        text = "Nothing forgotten: you did not ask me to forget anything in your last message."
+        return Command(update={"messages": [memory_result(runtime, text, "not_saved")]})
+    what = without_controls(what).strip()
+    if not normalise_fact(what) or len(what) > MAX_CHARS:
+        # Stored as a forget record otherwise: a page of text would block facts for good.
+        text = (
+            f"Nothing forgotten: say in one short sentence (at most {MAX_CHARS} characters) "
+            "what to forget."
+        )
+        return Command(update={"messages": [memory_result(runtime, text, "not_saved")]})
     target = await _find(memory, what)
     if target is None:
         # Nothing stored yet (the background job may not have run): the tombstone still
@@ -222,15 +238,13 @@ async def forget(what: str, runtime: ToolRuntime[Context, Any]) -> Command[Any]:
     else:
         text = f"Forgotten: {target.content}"
     await memory.forget(target, reason="user asked in chat")
-    fact = normalise_fact(target.content)
-    recalled = [
-        r
-        for r in runtime.state.get("recalled", [])
-        if r["key"] != target.key and normalise_fact(r["content"]) != fact
-    ]
+    dropped: ForgetUpdate = {
+        "forget_key": target.key,
+        "forget_fact": normalise_fact(target.content),
+    }
     return Command(
         update={
-            "recalled": recalled,
+            "recalled": dropped,
             "messages": [memory_result(runtime, text, "forgotten")],
         }
     )

@@ -171,7 +171,7 @@ class CairnSaver(AsyncPostgresSaver):
     ) -> RunnableConfig:
         token = _writing.set(True)
         try:
-            return await self._put(config, checkpoint, metadata, new_versions)
+            return await self._put(config, _without_nul(checkpoint), metadata, new_versions)
         finally:
             _writing.reset(token)
 
@@ -286,6 +286,21 @@ WHERE EXISTS (
         AND w.checkpoint_id = latest.checkpoint_id AND w.channel = %s
 )
 """
+
+
+def _without_nul(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint with NUL taken out of its plain string values.
+
+    The library keeps a channel's string inline in the checkpoint's jsonb, which cannot hold
+    NUL: one in a planner's answer or a typed goal would fail the write and lose the turn.
+    Messages and other values go to the blobs as bytes and keep theirs.
+    """
+    values = checkpoint["channel_values"]
+    bad = [k for k, v in values.items() if isinstance(v, str) and "\x00" in v]
+    if not bad:
+        return checkpoint
+    cleaned = {**values, **{k: values[k].replace("\x00", "") for k in bad}}
+    return {**checkpoint, "channel_values": cleaned}
 
 
 async def threads_with_interrupts(pool: Any, thread_ids: Sequence[str]) -> list[str]:

@@ -212,3 +212,18 @@ def remember_request(message: str) -> Request | None:
 def _commands(before: str) -> bool:
     before = before.rstrip()
     return not before or before[-1] in ".!?,;:\n" or before.endswith(("and", "also"))
+
+
+# --- requests to forget -----------------------------------------------------------------------
+
+_FORGET_RE: Final = re.compile(
+    r"\b(?:forget\w*|forgot|delete|remove|erase|wipe|unlearn|clear|drop|discard"
+    r"|stop\s+remembering|no\s+longer|any\s?more|not\s+true|wrong|outdated)\b"
+)
+
+
+def asks_to_forget(message: str) -> bool:
+    """The user's latest message speaks of forgetting, removing or a fact no longer holding:
+    the least a forget must rest on. Generous on purpose: a forget the user wanted is not
+    refused for its wording, while a model forgetting on its own, in reply to "hello", is."""
+    return _FORGET_RE.search(fold(message)) is not None

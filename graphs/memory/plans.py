@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from graphs.core.text import has_controls
 from graphs.memory.policy import detect_secret, has_injection_marker
 from graphs.memory.scoped import MissingIdentity, now_iso, user_label
 
@@ -122,6 +123,8 @@ def summary_problem(goal: str, steps: list[str]) -> str | None:
         return f"it has {len(steps)} steps"
     if any(not step.strip() or len(step) > MAX_CHECKED_STEP_CHARS for step in steps):
         return "a step is empty or longer than a reviewable step"
+    if any(has_controls(text) for text in (goal, *steps)):
+        return "the goal or a step holds control characters"
     for text in (goal, *steps):
         if has_injection_marker(text):
             return "the goal or a step reads like an instruction to the model"

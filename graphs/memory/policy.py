@@ -12,11 +12,12 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from stdnum import iban, luhn
 from stdnum.in_ import aadhaar, pan
 from stdnum.us import ssn
 
+from graphs.core.text import has_controls, without_controls
 from graphs.memory.grounding import fold, ungrounded_words
 
 Category = Literal[
@@ -134,6 +135,14 @@ class MemoryOp(BaseModel):
         le=1.0,
         description="How sure you are that the fact is true and lasting, from 0 to 1.",
     )
+
+    @field_validator("content", "key")
+    @classmethod
+    def _no_controls(cls, value: str | None) -> str | None:
+        # A NUL would fail the store's jsonb write; the rest never belongs in a fact either.
+        if value is None or not has_controls(value):
+            return value
+        return " ".join(without_controls(value).split())
 
 
 class MemoryOps(BaseModel):

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.exceptions import OutputParserException
+from langchain_core.exceptions import ModelRefusalError, OutputParserException
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import ValidationError
 
@@ -155,6 +155,10 @@ async def _propose(
     for _attempt in range(2):
         try:
             return MemoryOps.model_validate(await structured.ainvoke(request))
+        except ModelRefusalError as exc:
+            # Asked again, a refusing model refuses again: the job is skipped, not retried.
+            msg = f"memory writer refused: {exc}"
+            raise InvalidModelOutput(msg) from exc
         except (ValidationError, OutputParserException, ValueError, TypeError) as exc:
             problem = exc
     msg = f"memory writer returned invalid output twice: {problem}"

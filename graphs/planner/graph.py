@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar
 
-from langchain_core.exceptions import OutputParserException
+from langchain_core.exceptions import ModelRefusalError, OutputParserException
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from graphs.core.context import Context
 from graphs.core.models import chat_model
 from graphs.core.nodes import bind, declare_subgraph, on_loop
+from graphs.core.toolcalls import limit_tool_calls
 from graphs.memory.plans import PlanMemory, summary_key
 from graphs.planner import prompts
 from graphs.planner.sql import markdown_tables
@@ -48,6 +49,8 @@ M = TypeVar("M", bound=BaseModel)
 MAX_PLAN_STEPS = 6
 EXECUTOR_MODEL_CALLS = 6
 """Model calls inside one step (tool rounds plus the wrap-up)."""
+TOOL_CALLS_PER_REPLY = 3
+"""Tool calls one executor reply may run; the rest of a longer batch are dropped."""
 INNER_CALLS_ESTIMATE = 3
 """Typical executor model calls per step, for the estimate shown at review."""
 MAX_INVALID_ANSWERS = 3
@@ -57,6 +60,7 @@ OLDER_RESULT_CHARS = 600
 OLDER_TABLE_CHARS = 2000
 KEPT_OUTPUT_CHARS = 6000
 """Tool output up to this size is kept verbatim in a step's result."""
+MAX_PROBLEM_CHARS = 200
 REJECTED = "Plan rejected: nothing was run. Send a new goal whenever you like."
 
 
@@ -214,7 +218,10 @@ async def replan(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) 
         remaining=_numbered(remaining) or "(nothing left)",
     )
     messages = [SystemMessage(system), HumanMessage("Decide: Response or the remaining Plan.")]
-    act = await structured(deps.planner, Act, messages)
+    try:
+        act = await structured(deps.planner, Act, messages)
+    except PlanningFailed as exc:
+        return _stopped(past, exc)
     if isinstance(act.action, Plan):
         steps = _clean_steps(act.action.steps, past)
         if steps:
@@ -225,13 +232,24 @@ async def replan(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) 
             return {"plan": steps, "needs_review": bool(unrelated)}
         # An empty plan (or only completed steps) means: respond now.
         messages.append(HumanMessage("Nothing is left to do: answer with a Response now."))
-        answer = await structured(deps.planner, Act, messages)
+        try:
+            answer = await structured(deps.planner, Act, messages)
+        except PlanningFailed as exc:
+            return _stopped(past, exc)
         if isinstance(answer.action, Plan):
             return {"plan": [], "needs_review": False}  # route_after_replan sends it to finalize
         act = answer
     assert not isinstance(act.action, Plan)
     await _remember(runtime, state, "answered")
     return {"response": act.action.response, "plan": [], "outcome": "answered"}
+
+
+def _stopped(past: list[StepRecord], problem: PlanningFailed) -> dict[str, Any]:
+    """The run ends with a clear error when the replanner's answers are unusable: what ran is
+    listed, nothing more runs and nothing is remembered."""
+    done = "\n".join(f"{index}. {step}" for index, step, _ in past) or "(none)"
+    text = f"I had to stop: {problem}. Steps completed before that:\n{done}"
+    return {"response": text, "plan": [], "outcome": "failed"}
 
 
 async def finalize(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) -> dict[str, Any]:
@@ -316,10 +334,11 @@ async def act(state: ExecutorState, *, deps: ExecutorDeps) -> dict[str, Any]:
     calls = state.get("model_calls", 0)
     messages = state["step_messages"]
     if calls >= EXECUTOR_MODEL_CALLS - 1:
-        reply = await deps.model.ainvoke([*messages, HumanMessage(prompts.EXECUTOR_WRAP_UP)])
-        reply = AIMessage(content=reply.content, id=reply.id)  # no further tool calls
+        answer = await deps.model.ainvoke([*messages, HumanMessage(prompts.EXECUTOR_WRAP_UP)])
+        reply = limit_tool_calls(answer, 0)  # no further tool calls, whatever the model asks
     else:
-        reply = await deps.with_tools.ainvoke(messages)
+        answer = await deps.with_tools.ainvoke(messages)
+        reply = limit_tool_calls(answer, TOOL_CALLS_PER_REPLY)
     return {"step_messages": [reply], "model_calls": calls + 1}
 
 
@@ -454,10 +473,17 @@ async def structured(model: BaseChatModel, schema: type[M], messages: list[Any])
             # leniency, decides what a valid Plan is.
             data = answer.model_dump() if isinstance(answer, BaseModel) else answer
             return schema.model_validate(data)
+        except ModelRefusalError as exc:
+            # A refusal is an answer, not a glitch: asking again would get the same one.
+            log.warning("the model refused to give a %s: %s", schema.__name__, exc)
+            msg = f"the model refused to give a {schema.__name__}"
+            raise PlanningFailed(msg) from exc
         except (ValidationError, OutputParserException, ValueError, TypeError) as exc:
             problem = exc
             log.warning("invalid %s from the model: %s", schema.__name__, exc)
-    msg = f"the model returned an invalid {schema.__name__} twice: {problem}"
+    # The parser's message quotes the model's output: a line of it is enough for the user.
+    why = " ".join(str(problem).split())[:MAX_PROBLEM_CHARS]
+    msg = f"the model returned an invalid {schema.__name__} twice: {why}"
     raise PlanningFailed(msg)
 
 

@@ -14,6 +14,8 @@ from pydantic import (
     model_validator,
 )
 
+from graphs.core.text import without_controls
+
 MAX_STEP_CHARS = 500
 """The longest step a plan may hold, whoever wrote it (the reviewer or the model)."""
 MAX_EDITED_STEPS = 12
@@ -55,6 +57,8 @@ class State(TypedDict, total=False):
 def _bounded_step(step: str) -> str:
     # Checked in code, not in the JSON schema the model sees: a 10,000-character "step" is
     # refused (and the call retried once) instead of reaching the review or the executor.
+    # Control characters go first, so the reviewer approves the text that is kept.
+    step = without_controls(step)
     if not step.strip() or len(step) > MAX_STEP_CHARS:
         msg = f"each step must be 1 to {MAX_STEP_CHARS} characters"
         raise ValueError(msg)
@@ -75,7 +79,7 @@ class Plan(BaseModel):
 class Response(BaseModel):
     """The final answer to the goal."""
 
-    response: str = Field(
+    response: Annotated[str, AfterValidator(without_controls)] = Field(
         description="The answer for the user, with the key figures from past_steps copied "
         "verbatim. Respond only when past_steps contain enough evidence to answer the goal."
     )

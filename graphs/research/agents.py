@@ -44,6 +44,12 @@ RESEARCHER = "researcher"
 APPROVED_NOTES = "research_approved_notes"
 """Config key set by the research node: the notes slugs of the todos approved for this round."""
 MAX_TASK_CHARS = 2000
+ORCHESTRATOR_MODEL_CALLS = 40
+"""Model calls of the orchestrator in one research round."""
+ORCHESTRATOR_TASKS = 16
+"""Research subagents one round may start: two per topic of the largest plan (8 topics)."""
+ORCHESTRATOR_TOOL_CALLS = 60
+"""Tool calls of the orchestrator in one research round, subagent tasks included."""
 REFUSED = "Refused: "
 """How every task refusal written by code begins; the chat shows such a task as refused."""
 _NOTES_IN_TASK = re.compile(r"notes/([a-z0-9][a-z0-9_-]*)\.md")
@@ -213,6 +219,19 @@ def disabled_general_purpose() -> CompiledSubAgent:
     }
 
 
+def orchestrator_limits() -> list[AgentMiddleware[Any, Any, Any]]:
+    """Hard bounds on one research round, in code: deepagents lets an orchestrator run 9,999
+    steps, so without these only the round's time limit would stop a model that delegates or
+    lists files forever."""
+    return [
+        ModelCallLimitMiddleware(run_limit=ORCHESTRATOR_MODEL_CALLS, exit_behavior="end"),
+        ToolCallLimitMiddleware(
+            tool_name="task", run_limit=ORCHESTRATOR_TASKS, exit_behavior="continue"
+        ),
+        ToolCallLimitMiddleware(run_limit=ORCHESTRATOR_TOOL_CALLS, exit_behavior="end"),
+    ]
+
+
 def build_orchestrator(
     model: BaseChatModel, researcher: CompiledSubAgent
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
@@ -222,6 +241,7 @@ def build_orchestrator(
         tools=[],
         system_prompt=ORCHESTRATOR_PROMPT,
         subagents=[researcher, disabled_general_purpose()],
+        middleware=orchestrator_limits(),
         backend=orchestrator_backend(),
         state_schema=OrchestratorState,
         context_schema=Context,

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from langchain_core.exceptions import ModelRefusalError, OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import tool
@@ -52,6 +53,8 @@ log = logging.getLogger("cairn.research")
 
 MAX_TODOS = 8
 MAX_PLAN_REJECTIONS = 2
+MAX_CRITIC_FLAGS = 50
+"""Critic flags read per round; more than a report has claims worth doubting is noise."""
 TodoText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=3, max_length=200)]
 """Stripped before the length check: a topic of blanks is no topic."""
 
@@ -302,15 +305,19 @@ async def critique(report: str, state: State, critic: Runnable[Any, Any]) -> lis
         for p in sorted(state.get("files") or {})
         if p.startswith("/notes/")
     )
-    answer = await critic.ainvoke(
-        [
-            SystemMessage(CRITIC_PROMPT),
-            HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
-        ]
-    )
     try:
-        return Critique.model_validate(answer).flags
-    except ValidationError:
+        answer = await critic.ainvoke(
+            [
+                SystemMessage(CRITIC_PROMPT),
+                HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
+            ]
+        )
+        # Each flag is matched against every claim: a flood of them is cut, not worked through.
+        return Critique.model_validate(answer).flags[:MAX_CRITIC_FLAGS]
+    except (ValidationError, OutputParserException, ModelRefusalError, ValueError) as exc:
+        # The critic only adds doubts: without its reading, the code's check of every
+        # citation against the fetch log still decides what stays in the report.
+        log.warning("the critic's answer was unusable: %s", " ".join(str(exc).split())[:200])
         return []
 
 
@@ -326,7 +333,9 @@ def route_after_check(state: State, *, deps: ResearchDeps) -> Literal["reopen_cl
 def reopen_claims(state: State) -> dict[str, Any]:
     """Each unsupported claim becomes a todo: re-research it with a source, or remove it."""
     new: list[Todo] = []
-    for item in state["unsupported"]:
+    # The critic's flags come from a model: however many there are, a round re-researches at
+    # most a plan's worth, and finalize removes whatever still fails.
+    for item in state["unsupported"][:MAX_TODOS]:
         claim, _, reason = item.rpartition(" — ")
         text = f"Re-research or remove ({reason[:60]}): {claim or item}"
         new.append({"content": text[:200], "status": "pending"})
@@ -405,7 +414,7 @@ def research_task(state: State) -> str:
     ]
     if state.get("unsupported"):
         lines += ["", "Unsupported claims in final_report.md (re-research or remove each):"]
-        lines += [f"- {claim}" for claim in state["unsupported"]]
+        lines += [f"- {claim}" for claim in state["unsupported"][:MAX_TODOS]]
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from langchain_core.tools import BaseTool, tool
 from langgraph.prebuilt.tool_node import ToolRuntime
 
 from graphs.core.context import Context
+from graphs.core.text import has_controls, without_controls
 from graphs.tools.fetchlog import FetchLog, FetchRecord, new_record, normalise_url
 from graphs.tools.netguard import BlockedAddress, Resolver, system_resolver, vetted_addresses
 
@@ -23,6 +24,8 @@ MAX_BYTES = 2_000_000
 MAX_SNAPSHOT_CHARS = 200_000
 """Extracted text kept in the fetch log (what citations are checked against)."""
 MAX_MODEL_CHARS = 6_000
+MAX_SHOWN_URL_CHARS = 300
+"""A refused URL is named back to the model this far: a 60,000-character one is not echoed."""
 """Extracted text shown to the model in one tool result."""
 TIMEOUT_S = 15.0
 """Whole fetch, all hops included."""
@@ -107,6 +110,9 @@ class Fetcher:
         return hit[1]
 
     async def _fetch(self, url: str) -> Page:
+        if has_controls(url):
+            msg = "refused: the URL holds control characters"
+            raise BlockedAddress(msg)
         try:
             scheme = httpx.URL(url).scheme if "://" in url else ""
         except httpx.InvalidURL as exc:
@@ -280,7 +286,8 @@ def make_fetch_tool(fetcher: Fetcher) -> BaseTool:
         try:
             record = await fetcher.fetch(url, thread_id=runtime.context.thread_id)
         except (FetchError, BlockedAddress) as exc:
-            return f"Error: could not fetch {url}: {exc}. Record this as a gap; do not guess its content."
+            shown = without_controls(url)[:MAX_SHOWN_URL_CHARS]
+            return f"Error: could not fetch {shown}: {exc}. Record this as a gap; do not guess its content."
         return wrap_untrusted(record)
 
     return fetch_url

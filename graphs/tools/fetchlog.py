@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from graphs.core.fence import fenced
+from graphs.core.text import without_controls
 
 if TYPE_CHECKING:
     from graphs.core.pool import Pool
@@ -62,17 +63,20 @@ def new_record(
     content: str,
     error: str | None = None,
 ) -> FetchRecord:
+    """A fetch to log. Control characters become spaces first: a NUL in a URL the model wrote
+    or in a page's text would fail the log's write, and with it the whole research run."""
+    content = without_controls(content)
     return FetchRecord(
         id=0,
         thread_id=thread_id,
-        url=normalise_url(url),
-        final_url=normalise_url(final_url),
+        url=normalise_url(without_controls(url)),
+        final_url=normalise_url(without_controls(final_url)),
         fetched_at=datetime.now(UTC).isoformat(timespec="seconds"),
         status=status,
         content_hash=content_hash(content),
-        title=title,
+        title=without_controls(title),
         content=content,
-        error=error,
+        error=without_controls(error) if error is not None else None,
     )
 
 

@@ -8,12 +8,20 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.store.memory import InMemoryStore
+from langgraph.types import Command
 from pydantic import SecretStr
 
+from graphs.assistant.graph import TOOL_BUDGET_SPENT, TOOL_CALL_BUDGET
+from graphs.assistant.graph import build_graph as build_assistant
+from graphs.core.context import Context
 from graphs.core.models import chat_model
 from graphs.core.settings import Settings
+from graphs.research.agents import ORCHESTRATOR_MODEL_CALLS
+from graphs.research.graph import build_graph as build_research
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +171,52 @@ async def test_non_streaming_model_gets_one_json_completion(server: FakeOpenAI) 
     [(path, _, body)] = server.requests
     assert path == "/v1/chat/completions"
     assert not body.get("stream")
+
+
+# A hostile server: the same tool call in answer to every request ----------------------------
+
+
+def same_call(name: str, arguments: str) -> list[dict[str, Any]]:
+    call = {"index": 0, "id": "c1", "type": "function",
+            "function": {"name": name, "arguments": arguments}}  # fmt: skip
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+async def test_the_assistant_stops_a_server_that_always_calls_tools(server: FakeOpenAI) -> None:
+    server.deltas = same_call("forget", '{"what": "everything"}')
+    store = InMemoryStore()
+    graph = build_assistant(
+        checkpointer=InMemorySaver(), store=store, model=chat_model("chat", _settings(server))
+    )
+
+    done = await graph.ainvoke(
+        {"messages": [HumanMessage("hello")]},
+        {"configurable": {"thread_id": "t"}},
+        context=Context(user_id="alice", thread_id="t"),
+    )
+
+    assert len(server.requests) == TOOL_CALL_BUDGET + 1
+    assert done["messages"][-1].text == TOOL_BUDGET_SPENT
+    assert await store.asearch(("memories",), limit=10) == []  # the user never asked to forget
+
+
+async def test_research_stops_a_server_that_always_calls_tools(server: FakeOpenAI) -> None:
+    server.deltas = same_call("write_todos", '{"todos": [{"content": "Seed vault opening date"}]}')
+    settings = _settings(server)
+    graph = build_research(
+        checkpointer=InMemorySaver(),
+        store=InMemoryStore(),
+        model=chat_model("chat", settings),
+        settings=settings,
+    )
+    config: Any = {"configurable": {"thread_id": "r"}, "recursion_limit": 200}
+    context = Context(user_id="alice", thread_id="r", agent="research")
+
+    await graph.ainvoke(
+        {"messages": [HumanMessage("When did the vault open?")]}, config, context=context
+    )
+    done = await graph.ainvoke(Command(resume={"decision": "approve"}), config, context=context)
+
+    assert len(server.requests) <= 1 + ORCHESTRATOR_MODEL_CALLS  # the plan, then one round
+    assert done["report"] == ""
+    assert done["messages"][-1].text.startswith("I could not verify any claim")

@@ -34,6 +34,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.requests: list[httpx.Request] = []
+        self.text_page = ""
+        """What /plain serves as text/plain."""
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -55,6 +57,8 @@ class Recorder:
             )
         if path == "/binary":
             return httpx.Response(200, content=b"\x00\x01", headers={"content-type": "image/png"})
+        if path == "/plain":
+            return httpx.Response(200, text=self.text_page, headers={"content-type": "text/plain"})
         if path == "/big":
             return httpx.Response(200, text="x " * 10_000, headers={"content-type": "text/plain"})
         html = (
@@ -181,3 +185,22 @@ async def test_pdfs_are_read_as_text_and_other_types_refused(fetcher):
         await fetcher.fetch("https://public.example/broken.pdf", thread_id="t-pdf")
     with pytest.raises(FetchError, match="unsupported content type"):
         await fetcher.fetch("https://public.example/binary", thread_id="t-pdf")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://public.example/a\x00b", "http://pub\x00lic.example/", "corpus://sample/\x00"]
+)
+async def test_a_url_with_control_characters_is_refused_and_logged(fetcher, recorder, url):
+    with pytest.raises(BlockedAddress, match="control characters"):
+        await fetcher.fetch(url, thread_id="t-nul")
+    logged = (await fetcher.log.for_thread("t-nul"))[-1]
+    assert logged.error == "refused: the URL holds control characters"
+    assert "\x00" not in logged.url
+    assert recorder.requests == []
+
+
+async def test_a_page_with_control_characters_is_logged_without_them(fetcher, recorder):
+    recorder.text_page = "The vault\x00 opened in 2008 \x1b[0m on Svalbard island for seeds."
+    record = await fetcher.fetch("http://public.example/plain", thread_id="t-nul-page")
+    assert "\x00" not in record.content
+    assert "opened in 2008" in record.content

@@ -103,3 +103,12 @@ async def test_task_titles_are_sanitised() -> None:
     await tasks.preprocess_content()
     assert "secret" not in tasks.content
     assert "image removed" in tasks.content
+
+
+def test_step_names_lose_control_characters() -> None:
+    step: Any = {"name": "sql_query\x00\u202e", "type": "tool", "output": "ok\x00"}
+
+    clean = sanitise_step(step)
+
+    assert clean["name"] == "sql_query "
+    assert clean["output"] == "ok "

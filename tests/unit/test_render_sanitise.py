@@ -240,3 +240,21 @@ def test_unparsed_fast_path_agrees_with_the_parser_on_random_text() -> None:
         assert sanitise(text, POLICY) == _sanitise_parsed(text, POLICY), text
         skipped += not any(c in text for c in "[]<>\\") and "://" not in text
     assert skipped > 100  # the comparison covered text the fast path answers
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "EMEA\x00 churned",
+        "EMEA\x1b[31m churned",
+        "EMEA \u202echurned",
+        "[EMEA\x00](https://x.example)",
+    ],
+)
+def test_control_characters_never_reach_the_browser_or_the_conversation(hostile: str) -> None:
+    shown = sanitise(hostile, POLICY)
+    stream = StreamSanitiser(POLICY)
+    streamed = "".join(part for t in hostile for part, _ in [stream.feed(t) or ("", False)])
+
+    assert not any(c in shown + streamed for c in "\x00\x1b\u202e")
+    assert "EMEA" in shown
