@@ -382,6 +382,19 @@ _FRESH: dict[str, Callable[[str, tuple[Any, ...]], Awaitable[bool]]] = {
 """Checks that need the session or the database, run after the frame's shape is checked."""
 
 
+def _nothing_to_stop(sid: str) -> bool:
+    """Chainlit's `stop` (socket.py) posts "Task manually stopped." into the conversation, and
+    the data layer stores it, before looking for a task to cancel: a Stop frame sent while
+    nothing runs (by hand, or a double click) left that notice in the user's history."""
+    session = WebsocketSession.get(sid)
+    task = session.current_task if session is not None else None
+    return task is None or task.done()
+
+
+_IDLE: dict[str, Callable[[str], bool]] = {"stop": _nothing_to_stop}
+"""Events dropped without a word when they have nothing to act on."""
+
+
 def _edit_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     # The config hides the button only; the server's handler stays registered.
     _enabled("edit_message")
@@ -559,6 +572,8 @@ def _guard_event(
         except Malformed as exc:
             log.warning("refused malformed %s event from socket %s: %s", name, sid, exc)
             await tell(sid, MALFORMED)
+            return None
+        if (idle := _IDLE.get(name)) is not None and idle(sid):
             return None
         try:
             if (fresh := _FRESH.get(name)) is not None and not await fresh(sid, checked):

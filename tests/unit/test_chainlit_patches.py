@@ -387,6 +387,27 @@ class _FakeSio:
         self.emitted.append((event, data))
 
 
+def _session(emit: Any = None) -> WebsocketSession:
+    """A live Chainlit socket session of Bob's (found by its socket id)."""
+    from chainlit.user import User
+
+    async def ignore(*_args: Any) -> None:
+        return None
+
+    return WebsocketSession(
+        id=str(uuid.uuid4()),
+        socket_id=f"sid-{uuid.uuid4()}",
+        emit=emit or ignore,
+        emit_call=emit or ignore,
+        client_type="webapp",
+        user_env={},
+        user=User(identifier="bob"),
+        token=None,
+        chat_profile=None,
+        thread_id=None,
+    )
+
+
 def _step(**changes: Any) -> dict[str, Any]:
     step = {
         "id": str(uuid.uuid4()),
@@ -484,25 +505,13 @@ async def test_stop_cancels_an_edits_run_as_it_does_a_messages(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from chainlit.chat_context import chat_contexts
-    from chainlit.user import User
 
     emitted: list[str] = []
 
     async def emit(event: str, *_args: Any) -> None:
         emitted.append(event)
 
-    session = WebsocketSession(
-        id=str(uuid.uuid4()),
-        socket_id=f"sid-{uuid.uuid4()}",
-        emit=emit,
-        emit_call=emit,
-        client_type="webapp",
-        user_env={},
-        user=User(identifier="bob"),
-        token=None,
-        chat_profile=None,
-        thread_id=None,
-    )
+    session = _session(emit)
     sent = SimpleNamespace(id=str(uuid.uuid4()), type="user_message")
     monkeypatch.setitem(chat_contexts, session.id, [sent])
     started, cancelled = asyncio.Event(), []
@@ -573,10 +582,35 @@ async def test_a_handler_failure_shows_a_fixed_text():
     async def broken(sid: str) -> None:
         raise KeyError("id")
 
-    sio.handlers["/"]["stop"] = broken
+    sio.handlers["/"]["clear_session"] = broken
     chainlit_patches.guard_socket_events(sio)
-    await sio.handlers["/"]["stop"]("sid")
+    await sio.handlers["/"]["clear_session"]("sid")
     assert sio.emitted == [("toast", {"message": chainlit_patches.FAILED, "type": "error"})]
+
+
+async def test_stop_reaches_chainlit_only_while_something_runs() -> None:
+    # Chainlit's stop handler posts (and stores) "Task manually stopped." before it looks for a
+    # task: with nothing running, the notice was all it did.
+    session = _session()
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    stop = sio.handlers["/"]["stop"]
+    try:
+        await stop("no-such-socket")
+        await stop(session.socket_id)  # no task yet
+        session.current_task = asyncio.create_task(asyncio.sleep(0))
+        await session.current_task
+        await stop(session.socket_id)  # its task is done
+        assert sio.calls == []
+
+        session.current_task = asyncio.create_task(asyncio.sleep(30))
+        await stop(session.socket_id)
+        assert sio.calls == [("stop", (session.socket_id,))]
+        assert sio.emitted == []
+    finally:
+        if session.current_task is not None:
+            session.current_task.cancel()
+        session.delete()
 
 
 @pytest.mark.parametrize(
