@@ -23,7 +23,8 @@ The patches, in the order `install` applies them:
 
 And helpers for code that must reach Chainlit's internals: `exit_if_startup_fails` (Chainlit
 swallows a failed start-up), `mount_before_catch_all` (routes before Chainlit's catch-all),
-`task_signals` (the busy/idle signals action callbacks lack), `disconnect_user_sockets`
+`task_signals` (the busy/idle signals action callbacks lack), `stoppable` (a button's run as
+the task Stop cancels), `disconnect_user_sockets`
 and `enter_live_session` (Chainlit's socket registry and context) and `write_assistant_message`
 (Chainlit's Step table). ui/surface.py's `Reply` subclasses Chainlit's Message (streaming, send,
 update, remove), pinned by the same test. ui/data_layer.py is Chainlit's data layer on Cairn's pool (the
@@ -54,7 +55,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import chainlit.config
 import chainlit.element
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from graphs.core.settings import Settings
 
 log = logging.getLogger("cairn.security")
+T = TypeVar("T")
 
 CHAINLIT_VERSION = "2.12.0"
 """The Chainlit release every patch and copy in this module was checked against."""
@@ -1014,6 +1016,28 @@ async def task_signals() -> AsyncIterator[None]:
         yield
     finally:
         await chainlit_context.emitter.task_end()
+
+
+async def stoppable(work: Awaitable[T]) -> T | None:
+    """Run `work` as the live session's current task: the one Chainlit's Stop cancels
+    (socket.py `stop`). None if Stop cancelled it.
+
+    A button's callback runs inside Chainlit's HTTP request (server.py `call_action`), a task
+    Stop knows nothing of: Stop pressed under an approved plan or a retried turn posted its
+    notice and the run went on. Run apart from the request, a Stop ends only the run; the
+    request itself cancelled (its client gone) cancels the run too, as before.
+    """
+    task = asyncio.ensure_future(work)
+    session = chainlit_context.session
+    if isinstance(session, WebsocketSession):
+        session.current_task = task
+    try:
+        return await task
+    except asyncio.CancelledError:
+        request = asyncio.current_task()
+        if request is not None and request.cancelling():
+            raise
+        return None
 
 
 async def disconnect_user_sockets(user_id: str) -> int:

@@ -22,6 +22,7 @@ from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.agents import AGENTS
+from ui.chainlit_patches import stoppable
 from ui.data_layer import stored_user_message, unanswered_message
 from ui.input import InputRejected, check_message, compose
 from ui.runner import DATABASE_DOWN
@@ -297,9 +298,9 @@ async def retry_turn(action: cl.Action) -> None:
     runtime = get_runtime()
     surface = ChatSurface(signals_task=True)
     if payload.message_id is None:
-        await runtime.runner.retry(surface, user_id=user_id, thread_id=payload.thread_id)
+        await stoppable(runtime.runner.retry(surface, user_id=user_id, thread_id=payload.thread_id))
         return
-    await _resend(runtime, surface, user_id, payload.thread_id, payload.message_id)
+    await stoppable(_resend(runtime, surface, user_id, payload.thread_id, payload.message_id))
 
 
 MESSAGE_GONE = "That message is no longer in this conversation; please send it again."
@@ -338,11 +339,13 @@ async def answer_question(action: cl.Action) -> None:
     if (checked := await _checked(action, AnswerPayload)) is None:
         return
     user_id, payload = checked
-    await get_runtime().runner.answer(
-        ChatSurface(signals_task=True),
-        user_id=user_id,
-        thread_id=payload.thread_id,
-        interrupt_id=payload.interrupt_id,
-        decision=payload.decision,
-        ask=ask_text,
+    await stoppable(
+        get_runtime().runner.answer(
+            ChatSurface(signals_task=True),
+            user_id=user_id,
+            thread_id=payload.thread_id,
+            interrupt_id=payload.interrupt_id,
+            decision=payload.decision,
+            ask=ask_text,
+        )
     )

@@ -872,3 +872,57 @@ def test_the_loop_patch_leaves_a_process_without_nest_asyncio_alone() -> None:
     policy = asyncio.get_event_loop_policy()
     assert chainlit_patches.serve_on_fast_loop() == "unchanged"
     assert asyncio.get_event_loop_policy() is policy
+
+
+async def test_stop_cancels_a_buttons_run_and_only_the_run() -> None:
+    # A button's callback runs inside Chainlit's HTTP request; `stoppable` runs its work as the
+    # session's current task, the one Chainlit's stop handler cancels.
+    from chainlit.context import init_ws_context
+
+    session = _session()
+    started, cancelled = asyncio.Event(), []
+
+    async def long_run() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "finished"
+
+    async def button_request() -> str | None:
+        init_ws_context(session)
+        return await chainlit_patches.stoppable(long_run())
+
+    request = asyncio.create_task(button_request())
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        run = session.current_task
+        assert run is not None
+        assert run is not request
+        run.cancel()  # what Chainlit's stop handler does
+        assert await asyncio.wait_for(request, 5) is None  # the request answers normally
+        assert cancelled == [True]
+
+        # The request cancelled (its client gone) still takes its run with it.
+        cancelled.clear()
+        started.clear()
+        request = asyncio.create_task(button_request())
+        await asyncio.wait_for(started.wait(), 5)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert cancelled == [True]
+        assert session.current_task is not None
+        assert session.current_task.cancelled()
+
+        # Left alone, the run's result is the request's.
+        async def quick() -> str:
+            return "done"
+
+        init_ws_context(session)
+        assert await chainlit_patches.stoppable(quick()) == "done"
+    finally:
+        request.cancel()
+        session.delete()
