@@ -217,6 +217,10 @@ def sweep_stale_instances(parent: Path) -> list[Path]:
 # --- The shapes Chainlit's handlers index into (chainlit/socket.py, chainlit/emitter.py) ---
 
 
+_MAX_URL = 4096
+"""Longest page address kept with a message (the browser sends `window.location.href`)."""
+
+
 class _Frame(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -355,6 +359,13 @@ def _client_message(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         # of any conversation (and Step's cascade would delete it with that one).
         msg = "a new message has no parent step"
         raise Malformed(msg)
+    # Chainlit stores the client's metadata with the message as is. The browser sends only the
+    # page's address; anything else a hand-written client puts there is dropped.
+    metadata = payload["message"].get("metadata") or {}
+    location = metadata.get("location")
+    payload["message"]["metadata"] = (
+        {"location": location} if isinstance(location, str) and len(location) <= _MAX_URL else {}
+    )
     return (payload,)
 
 

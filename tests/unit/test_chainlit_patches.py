@@ -460,6 +460,31 @@ async def test_a_browser_message_reaches_chainlit():
     assert sio.calls == [("client_message", ("sid", payload))]
 
 
+@pytest.mark.parametrize(
+    ("metadata", "stored"),
+    [
+        (
+            {"location": "http://localhost:8000/thread/x"},
+            {"location": "http://localhost:8000/thread/x"},
+        ),
+        (
+            {"location": "http://x/", "isAdmin": True, "blob": "y" * 50_000},
+            {"location": "http://x/"},
+        ),
+        ({"location": "x" * 5000}, {}),
+        ({"location": ["not", "text"]}, {}),
+        (None, {}),
+    ],
+)
+async def test_a_messages_metadata_keeps_only_the_page_address(metadata, stored):
+    # Chainlit stores a message's metadata as the client sent it; the browser sends its address.
+    sio = _FakeSio()
+    chainlit_patches.guard_socket_events(sio)
+    await sio.handlers["/"]["client_message"]("sid", {"message": _step(metadata=metadata)})
+    [(_, (_, reached))] = sio.calls
+    assert reached["message"]["metadata"] == stored
+
+
 async def test_a_message_id_already_in_the_chat_is_refused_as_a_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
