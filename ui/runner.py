@@ -669,12 +669,18 @@ class Runner:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
-                # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
-                outcome = await self._stream(
-                    surface, spec, graph, inputs, context, config, message_id=message_id
-                )
-                if self.journal is not None:
-                    await self._journal_finished(context.thread_id, outcome)
+                try:
+                    # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
+                    outcome = await self._stream(
+                        surface, spec, graph, inputs, context, config, message_id=message_id
+                    )
+                    if self.journal is not None:
+                        await self._journal_finished(context.thread_id, outcome)
+                finally:
+                    # However the run ended here, this worker stops beating it: a row left
+                    # behind (Postgres away at the end, an error) is resumed by a sweep.
+                    if self.journal is not None:
+                        self.journal.released(context.thread_id)
         except ThreadBusy as exc:
             metrics.observe_refusal(spec.key, "busy")
             await surface.refuse(str(exc))

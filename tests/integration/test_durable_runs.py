@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
@@ -27,7 +28,7 @@ from graphs.assistant.offline import offline_assistant
 from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
-from graphs.core.runs import RunJournal
+from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
@@ -46,7 +47,7 @@ from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
 from ui.recovery import recover_once
 from ui.runner import PostgresThreads, Runner
-from ui.surface import HeadlessSurface
+from ui.surface import HeadlessSurface, HeadlessView
 
 pytestmark = pytest.mark.integration
 
@@ -416,4 +417,142 @@ async def test_an_assistant_turn_killed_mid_reply_is_answered_once_by_a_live_wor
     assert await stored_replies(runner, thread_id) == [outcome.reply], "in the conversation"
     assert await runner.stranded() == []
     print(f"assistant turn recovered in {recovered_in:.1f} s after the kill")
+    await close()
+
+
+async def run_row(pool: Any, thread_id: str) -> dict[str, Any] | None:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT worker_id, status, attempts FROM cairn_runs WHERE thread_id = %s", (thread_id,)
+        )
+        return await cur.fetchone()
+
+
+async def test_a_live_workers_run_taken_by_mistake_stays_its_and_is_resumed_once_it_dies(
+    database_url,
+):
+    """A worker whose beats stopped for a while (Postgres away longer than STALE_S) is alive:
+    another's sweep takes its run, finds it busy (the run lock), and must leave the lease to
+    the worker running it; once that one dies, the run is found and resumed."""
+    runner, close = await make_runner(database_url, worker="survivor")
+    assert runner.journal is not None
+    beats = asyncio.create_task(heartbeat_forever(runner.journal, every_s=0.2))
+    thread_id = "durable-planner-lease"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    paused = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    [review] = paused.interrupts
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.stranded_worker",
+            database_url,
+            thread_id,
+            review.id,
+            "planner",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CAIRN_TEST_BEAT_S": "0.2"},
+    )
+    try:
+
+        async def running_there() -> bool:
+            row = await run_row(pool, thread_id)
+            return row is not None and row["worker_id"] == "doomed"
+
+        deadline = time.monotonic() + 60
+        while not await running_there():
+            assert worker.poll() is None, "the worker ended before the test could stop it"
+            assert time.monotonic() < deadline, "the worker never started its run"
+            await asyncio.sleep(0.05)
+        # Its beats did not reach Postgres for a while: the sweep here takes the run...
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' "
+                "WHERE thread_id = %s",
+                (thread_id,),
+            )
+        [outcome] = await recover_once(runner, pool)
+        assert outcome.status == "busy", "its worker is alive and holds the run lock"
+        # ... and the live worker, beating again, keeps it.
+        await asyncio.sleep(1.0)
+        row = await run_row(pool, thread_id)
+        assert row is not None
+        assert row["worker_id"] == "doomed", "the lease is the running worker's again"
+        assert len(await past_steps(runner, thread_id)) < 3, "still running when killed"
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    before = await past_steps(runner, thread_id)
+    killed_at = time.monotonic()
+    outcome = await recover(runner, killed_at)
+    assert outcome.status == "done", outcome
+    after = await past_steps(runner, thread_id)
+    indices = [step_parts(r)[0] for r in after]
+    assert indices == list(range(1, len(after) + 1)), "no step index twice, none missing"
+    assert after[: len(before)] == before, "completed steps were not run again"
+    assert await run_row(pool, thread_id) is None, "finished: no lease left behind"
+    beats.cancel()
+    await close()
+
+
+class OutageSurface(HeadlessSurface):
+    """Postgres goes away as the run begins (its first read fails)."""
+
+    def view(self, spec: Any, context: Any) -> Any:
+        class Broken(HeadlessView):
+            async def begin(self, load_state: Any) -> None:
+                raise psycopg.OperationalError("the server closed the connection")
+
+        return Broken(spec)
+
+
+class StillAwayJournal(RunJournal):
+    """... and is still away when the run ends: its row cannot be cleared."""
+
+    async def finished(self, thread_id: str) -> None:
+        raise psycopg.OperationalError("the server closed the connection")
+
+
+async def test_a_run_that_ends_in_an_outage_is_not_beaten_forever_but_left_for_a_sweep(
+    database_url,
+):
+    """The run failed on the outage and its row could not be cleared: this worker no longer
+    runs it, so it must stop beating it, or no live worker ever resumes it once Postgres is
+    back (the row stayed 'running', fresh, for as long as this worker lived)."""
+    runner, close = await make_runner(database_url, worker="survivor-2")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    runner.journal = StillAwayJournal(pool, worker="survivor-2")
+    thread_id = "durable-planner-outage"
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    outcome = await runner.message(
+        OutageSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    assert outcome.status == "unavailable"
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' WHERE thread_id = %s",
+            (thread_id,),
+        )
+    await runner.journal.beat()
+    taken = await runner.stranded()
+    assert [r.thread_id for r in taken] == [thread_id], "left for a sweep, not beaten"
+    await RunJournal(pool).forget(thread_id)
     await close()

@@ -458,3 +458,90 @@ async def test_a_turn_answered_just_before_an_outage_still_reaches_memory(
             lambda: ScopedMemory(db.store, user).all_memories(), what="the memory job"
         )
     assert [m.content for m in memories] == ["User's manager is Priya"]
+
+
+# --- run locks across a restart ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def another_worker(db: Persistence) -> AsyncIterator[Any]:
+    """A second app worker's pool on the same Postgres."""
+    pool = make_pool(db.pool.conninfo, max_size=2, timeout=POOL_TIMEOUT_S)
+    await pool.open()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def test_a_run_lock_held_across_a_postgres_restart_still_keeps_other_workers_out(
+    db, postgres, back_up
+) -> None:
+    """A session-level advisory lock dies with its connection when Postgres restarts, without
+    telling its holder: the run it guards goes on (its model call did not touch Postgres) while
+    another worker could start a second run of the same thread. The holder takes it again."""
+    from graphs.core.runlock import ThreadBusy
+
+    here, there = ThreadRunLocks(db.pool, watch_s=0.2), None
+    thread = f"thread-{uuid.uuid4()}"
+    release = asyncio.Event()
+    holding = asyncio.Event()
+
+    async def run() -> None:
+        async with here.hold(thread):
+            holding.set()
+            await release.wait()
+
+    task = asyncio.create_task(run())
+    await holding.wait()
+    await restart(postgres, down_s=1.0)
+    async with another_worker(db) as pool:
+        there = ThreadRunLocks(pool)
+        await eventually(lambda: select_one(db), what="the pool")
+        await asyncio.sleep(2.0)  # the holder has noticed and taken its lock again
+        with pytest.raises(ThreadBusy):
+            async with there.hold(thread):
+                pass
+        release.set()
+        await task  # the run was not interrupted: nobody else holds its lock
+        async with there.hold(thread):  # released at the end of the run
+            pass
+        await there.close()
+    await here.close()
+
+
+async def test_a_run_whose_lock_another_worker_took_during_a_restart_stops(
+    db, postgres, back_up
+) -> None:
+    """The other worker came first (it resumed the run, or the user sent again there): the run
+    here stops at once rather than run beside it."""
+    from graphs.core.runlock import RunLockLost
+
+    here = ThreadRunLocks(db.pool, watch_s=3.0)
+    thread = f"thread-{uuid.uuid4()}"
+    holding = asyncio.Event()
+
+    async def run() -> None:
+        async with here.hold(thread):
+            holding.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(run())
+    await holding.wait()
+    await restart(postgres, down_s=0.5)
+    async with another_worker(db) as pool:
+        there = ThreadRunLocks(pool)
+
+        async def taken_there() -> bool:
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(there.hold(thread))
+            taken.append(stack)
+            return True
+
+        taken: list[contextlib.AsyncExitStack] = []
+        await eventually(taken_there, what="the other worker to take the lock")
+        with pytest.raises(RunLockLost):
+            await asyncio.wait_for(task, timeout=10)
+        await taken[0].aclose()
+        await there.close()
+    await here.close()

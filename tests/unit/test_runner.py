@@ -543,6 +543,9 @@ async def test_the_run_lock_reports_a_missing_connection_as_an_outage_not_busy()
             raise PoolTimeout("couldn't get a connection after 10.00 sec")
             yield
 
+        async def getconn(self, timeout: float | None = None) -> Any:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
+
     locks = ThreadRunLocks(pool=None)  # type: ignore[arg-type]
     locks._lock_pool = NoConnections()  # type: ignore[assignment]
     with pytest.raises(DatabaseUnavailable) as raised:
