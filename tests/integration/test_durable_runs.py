@@ -556,3 +556,61 @@ async def test_a_run_that_ends_in_an_outage_is_not_beaten_forever_but_left_for_a
     assert [r.thread_id for r in taken] == [thread_id], "left for a sweep, not beaten"
     await RunJournal(pool).forget(thread_id)
     await close()
+
+
+async def test_a_run_whose_lock_is_cut_off_and_taken_elsewhere_stops_and_leaves_its_row(
+    database_url,
+):
+    """The run lock's session ended under a live run (a Postgres restart, or an operator's
+    pg_terminate_backend) and another worker took the thread's lock first: the run here stops
+    before it writes its reply, says so, and leaves the journal row to the other worker."""
+    runner, close = await make_runner(
+        database_url, worker="cut-off", slow_s=SLOW_CALL_S, agent="assistant"
+    )
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    thread_id = "durable-assistant-cut-off"
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    graph = runner.graphs["assistant"]
+    config = {"configurable": {"thread_id": thread_id}}
+    surface = HeadlessSurface()
+    turn = asyncio.create_task(
+        runner.message(
+            surface,
+            user_id="alice",
+            thread_id=thread_id,
+            profile="Assistant",
+            text=ASSISTANT_MESSAGE,
+            message_id="m-cut",
+            temporary=False,
+        )
+    )
+    deadline = time.monotonic() + 30
+    while (await graph.aget_state(config)).next != ("assistant",):
+        assert time.monotonic() < deadline, "the model never started"
+        await asyncio.sleep(0.05)
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND granted AND ((classid::bigint << 32) | objid::bigint) "
+            "= hashtextextended(%s, 0)",
+            (f"cairn-run:{thread_id}",),
+        )
+        assert len(await cur.fetchall()) == 1, "the run's lock session was found"
+    other = ThreadRunLocks(pool)
+    try:
+        async with other.hold(thread_id):  # another worker's run of the thread
+            outcome = await asyncio.wait_for(turn, timeout=10)
+            assert outcome.status == "busy", outcome
+            assert surface.errors, "the user is told where the reply went"
+            await asyncio.sleep(SLOW_CALL_S + 0.5)  # the model call would have ended by now
+            messages = (await graph.aget_state(config)).values["messages"]
+            assert [m.type for m in messages] == ["human"], "no reply beside the other run"
+            row = await run_row(pool, thread_id)
+            assert row is not None, "the row is left for the worker that runs the thread now"
+    finally:
+        if not turn.done():
+            turn.cancel()
+        await asyncio.gather(turn, return_exceptions=True)
+        await other.close()
+        await RunJournal(pool).forget(thread_id)
+        await close()
