@@ -103,16 +103,20 @@ class RunJournal:
 
     async def take_stranded(self, *, stale_s: float = STALE_S) -> list[StrandedRun]:
         """Runs whose worker stopped beating, now this worker's: one UPDATE, so of several
-        live workers exactly one takes each run."""
+        live workers exactly one takes each run.
+
+        Not within `stale_s` of Postgres (re)starting: after an outage every worker's beats
+        are old, and a sweep that came first would take live workers' runs from them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "UPDATE cairn_runs SET worker_id = %s, heartbeat_at = now(), "
+                "UPDATE cairn_runs SET worker_id = %(worker)s, heartbeat_at = now(), "
                 "attempts = attempts + 1 WHERE thread_id IN ("
                 " SELECT thread_id FROM cairn_runs WHERE status = 'running' "
-                " AND heartbeat_at < now() - make_interval(secs => %s) "
+                " AND heartbeat_at < now() - make_interval(secs => %(stale)s) "
+                " AND pg_postmaster_start_time() < now() - make_interval(secs => %(stale)s) "
                 " ORDER BY heartbeat_at LIMIT 20 FOR UPDATE SKIP LOCKED) "
                 "RETURNING thread_id, user_id, agent, attempts",
-                (self.worker, stale_s),
+                {"worker": self.worker, "stale": stale_s},
             )
             rows = await cur.fetchall()
         return [

@@ -45,7 +45,7 @@ from graphs.tools.search import LocalCorpus
 from ui.agents import assistant as assistant_agent
 from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
-from ui.recovery import recover_once
+from ui.recovery import recover_forever, recover_once
 from ui.runner import PostgresThreads, Runner
 from ui.surface import HeadlessSurface, HeadlessView
 
@@ -613,4 +613,71 @@ async def test_a_run_whose_lock_is_cut_off_and_taken_elsewhere_stops_and_leaves_
         await asyncio.gather(turn, return_exceptions=True)
         await other.close()
         await RunJournal(pool).forget(thread_id)
+        await close()
+
+
+async def strand(runner: Runner, thread_id: str) -> None:
+    """An Assistant run left as a killed worker leaves it: its message checkpointed, the model
+    at work, its journal row in place with a heartbeat nobody renews."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    graph = runner.graphs["assistant"]
+    turn = asyncio.create_task(
+        runner.message(
+            HeadlessSurface(),
+            user_id="alice",
+            thread_id=thread_id,
+            profile="Assistant",
+            text=ASSISTANT_MESSAGE,
+            message_id=f"m-{thread_id}",
+            temporary=False,
+        )
+    )
+    config = {"configurable": {"thread_id": thread_id}}
+    while (await graph.aget_state(config)).next != ("assistant",):
+        assert not turn.done(), turn
+        await asyncio.sleep(0.02)
+    turn.cancel()
+    await asyncio.gather(turn, return_exceptions=True)
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' WHERE thread_id = %s",
+            (thread_id,),
+        )
+
+
+async def test_a_long_resumed_run_does_not_hold_up_the_next_sweep(database_url):
+    """A worker resuming a dead worker's long run (a Research run takes minutes) still sweeps:
+    a run stranded meanwhile is taken and resumed at once, not after the long one ends."""
+    runner, close = await make_runner(database_url, worker="sweeper", slow_s=3.0, agent="assistant")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    sweeps = None
+    try:
+        await strand(runner, "durable-sweep-long")
+        sweeps = asyncio.create_task(recover_forever(runner, pool, every_s=0.2))
+        deadline = time.monotonic() + 10
+        while (row := await run_row(pool, "durable-sweep-long")) and row["attempts"] == 0:
+            assert time.monotonic() < deadline, "the first run was never taken"
+            await asyncio.sleep(0.05)
+        await strand(runner, "durable-sweep-next")
+        while (row := await run_row(pool, "durable-sweep-next")) and row["attempts"] == 0:
+            assert await run_row(pool, "durable-sweep-long") is not None, (
+                "the second run waited for the first to finish"
+            )
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 30
+        for thread_id in ("durable-sweep-long", "durable-sweep-next"):
+            while await run_row(pool, thread_id) is not None:
+                assert time.monotonic() < deadline, f"{thread_id} was never finished"
+                await asyncio.sleep(0.1)
+            messages = (
+                await runner.graphs["assistant"].aget_state(
+                    {"configurable": {"thread_id": thread_id}}
+                )
+            ).values["messages"]
+            assert [m.type for m in messages] == ["human", "ai"], "answered once"
+    finally:
+        if sweeps is not None:
+            sweeps.cancel()
+            await asyncio.gather(sweeps, return_exceptions=True)
         await close()
