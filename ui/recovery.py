@@ -62,9 +62,22 @@ async def recover_once(runner: Runner, pool: Pool) -> list[RunOutcome]:
 
 
 async def recover_forever(runner: Runner, pool: Pool, *, every_s: float = SWEEP_S) -> None:
+    """A sweep every `every_s`; each run taken goes on in its own task, so a long one (a
+    Research run takes minutes) does not hold up the next sweep, and a run stranded meanwhile
+    is resumed at once."""
+    resuming: set[asyncio.Task[RunOutcome]] = set()
+
+    def ended(task: asyncio.Task[RunOutcome]) -> None:
+        resuming.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("resuming a stranded run failed", exc_info=exc)
+
     while True:
         try:
-            await recover_once(runner, pool)
+            for run in await runner.stranded():
+                task = asyncio.create_task(resume(runner, pool, run))
+                resuming.add(task)
+                task.add_done_callback(ended)
         except Exception as exc:
-            log.warning("resuming stranded runs failed: %s", exc)
+            log.warning("looking for stranded runs failed: %s", exc)
         await asyncio.sleep(every_s)

@@ -236,6 +236,10 @@ class ForkPoints(Protocol):
 class RunLocks(Protocol):
     def hold(self, thread_id: str) -> AbstractAsyncContextManager[None]: ...
 
+    def lost(self, thread_id: str) -> bool:
+        """The held run is being cancelled because its lock went to another run."""
+        ...
+
 
 class Threads(Protocol):
     """Thread ownership (auth/ownership.py on Postgres; tests may keep it in memory)."""
@@ -676,16 +680,24 @@ class Runner:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
-                # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
                 try:
-                    outcome = await self._stream(
-                        surface, spec, graph, inputs, context, config, message_id=message_id
-                    )
-                except asyncio.CancelledError:
-                    await self._stopped(context.thread_id)
-                    raise
-                if self.journal is not None:
-                    await self._journal_finished(context.thread_id, outcome)
+                    # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
+                    try:
+                        outcome = await self._stream(
+                            surface, spec, graph, inputs, context, config, message_id=message_id
+                        )
+                    except asyncio.CancelledError:
+                        # The user's Stop; a lock lost to another run leaves it the row.
+                        if not self.locks.lost(context.thread_id):
+                            await self._stopped(context.thread_id)
+                        raise
+                    if self.journal is not None:
+                        await self._journal_finished(context.thread_id, outcome)
+                finally:
+                    # However the run ended here, this worker stops beating it: a row left
+                    # behind (Postgres away at the end, an error) is resumed by a sweep.
+                    if self.journal is not None:
+                        self.journal.released(context.thread_id)
         except ThreadBusy as exc:
             metrics.observe_refusal(spec.key, "busy")
             await surface.refuse(str(exc))

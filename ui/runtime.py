@@ -29,7 +29,7 @@ from graphs.core.settings import Settings, get_settings
 from graphs.core.timetravel import MessageCheckpoints, SupportAudit
 from graphs.core.tracing import Tracing, configure_tracing
 from graphs.memory.jobs import MemoryJobs
-from graphs.memory.privacy import Privacy
+from graphs.memory.privacy import Privacy, finish_wipes_forever
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
 from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
@@ -256,6 +256,10 @@ async def start() -> None:
     )
     runtime.memory_jobs.add_periodic(
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
+    )
+    # A wipe whose worker stopped mid-way is finished by a live one.
+    runtime.background.append(
+        asyncio.create_task(finish_wipes_forever(runtime.privacy), name="cairn-unfinished-wipes")
     )
     runtime.memory_jobs.start_worker()
     runtime.tokens = AccessTokens(

@@ -60,6 +60,12 @@ async def check_if_idle(conn: AsyncConnection[DictRow]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+def connection_lost(conn: Any) -> bool:
+    """Whether a connection looks dead without a round trip: closed, marked broken, or its
+    socket readable while no query runs (a terminated backend's farewell, or end of file)."""
+    return bool(conn.closed or conn.broken or _socket_readable(conn))
+
+
 def _socket_readable(conn: AsyncConnection[DictRow]) -> bool:
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)

@@ -61,6 +61,10 @@ class RunJournal:
     def __init__(self, pool: Pool, *, worker: str | None = None) -> None:
         self.pool = pool
         self.worker = worker or worker_id()
+        self._running: set[str] = set()
+        """Threads whose runs this process is executing now: the only rows it beats. A row is
+        beaten by the worker that runs it, not by whoever last took it: a sweep that took a
+        live worker's run and found it busy must not keep it alive once that worker dies."""
 
     async def started(self, *, thread_id: str, user_id: str, agent: str) -> None:
         """Called under the thread's run lock: this worker now runs the thread (refused once
@@ -71,6 +75,13 @@ class RunJournal:
                 {"thread": thread_id, "user": user_id, "agent": agent, "worker": self.worker}
                 | fence.statement_args(),
             )
+        self._running.add(thread_id)
+
+    def released(self, thread_id: str) -> None:
+        """The run in this process ended, however it ended (always called, even when
+        `finished` could not clear the row): a row left behind is no longer beaten, so a sweep
+        resumes it once its heartbeat is stale."""
+        self._running.discard(thread_id)
 
     async def finished(self, thread_id: str) -> None:
         """The run ended (answered, paused, failed with Retry offered): nothing to resume.
@@ -78,26 +89,34 @@ class RunJournal:
         await self.forget(thread_id)
 
     async def beat(self) -> int:
+        """The runs this process executes are alive, and its own (a sweep that took one while
+        the beats could not reach Postgres gives it back here)."""
+        if not self._running:
+            return 0
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "UPDATE cairn_runs SET heartbeat_at = now() "
-                "WHERE worker_id = %s AND status = 'running'",
-                (self.worker,),
+                "UPDATE cairn_runs SET heartbeat_at = now(), worker_id = %s "
+                "WHERE thread_id = ANY(%s) AND status = 'running'",
+                (self.worker, list(self._running)),
             )
             return cur.rowcount
 
     async def take_stranded(self, *, stale_s: float = STALE_S) -> list[StrandedRun]:
         """Runs whose worker stopped beating, now this worker's: one UPDATE, so of several
-        live workers exactly one takes each run."""
+        live workers exactly one takes each run.
+
+        Not within `stale_s` of Postgres (re)starting: after an outage every worker's beats
+        are old, and a sweep that came first would take live workers' runs from them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "UPDATE cairn_runs SET worker_id = %s, heartbeat_at = now(), "
+                "UPDATE cairn_runs SET worker_id = %(worker)s, heartbeat_at = now(), "
                 "attempts = attempts + 1 WHERE thread_id IN ("
                 " SELECT thread_id FROM cairn_runs WHERE status = 'running' "
-                " AND heartbeat_at < now() - make_interval(secs => %s) "
+                " AND heartbeat_at < now() - make_interval(secs => %(stale)s) "
+                " AND pg_postmaster_start_time() < now() - make_interval(secs => %(stale)s) "
                 " ORDER BY heartbeat_at LIMIT 20 FOR UPDATE SKIP LOCKED) "
                 "RETURNING thread_id, user_id, agent, attempts",
-                (self.worker, stale_s),
+                {"worker": self.worker, "stale": stale_s},
             )
             rows = await cur.fetchall()
         return [

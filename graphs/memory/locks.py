@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from graphs.core.pool import open_lock_pool
+from graphs.core.runlock import watched_lock
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -45,7 +46,8 @@ class PgUserLocks:
     Lock connections come from their own small pool: a holder also needs connections from the
     app's pool for its store calls, and taking both from one pool deadlocks once as many users
     hold locks as the pool has connections. A process-local lock in front means a user waiting
-    in this process does not occupy a lock connection either.
+    in this process does not occupy a lock connection either. A lock lost with a Postgres
+    restart is taken again, or its holder stops (graphs.core.runlock.watched_lock).
     """
 
     def __init__(self, pool: Pool, *, max_connections: int = 16) -> None:
@@ -64,12 +66,11 @@ class PgUserLocks:
         key = f"cairn-memory:{user_id}"
         async with self._local.hold(user_id):
             pool = await self._pool()
-            async with pool.connection() as conn:
-                await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
-                try:
-                    yield
-                finally:
-                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+            # Watched: a lock lost with a Postgres restart is taken again, or, if a forget on
+            # another worker got it first, this holder stops (LockLost) instead of writing
+            # beside it.
+            async with watched_lock(pool, key, wait=True):
+                yield
 
     async def close(self) -> None:
         if self._lock_pool is not None:

@@ -17,6 +17,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import psycopg
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from graphs.core.errors import ThreadNotFound
@@ -38,6 +40,8 @@ log = logging.getLogger("cairn.privacy")
 WIPE_PASSES = 20
 """A wipe re-runs its steps until its own check finds nothing: a memory job running on another
 worker when it began keeps its row until it ends (its writes are refused)."""
+WIPE_SWEEP_S = 10.0
+"""How often every worker looks for wipes a stopped worker left unfinished."""
 WIPE_WAIT_S = 15.0
 """How long a wipe waits for such jobs before it reports itself unverified."""
 WIPE_RETRY_S = 0.5
@@ -253,16 +257,60 @@ class Privacy:
         every one made before has committed, so the deletes below see it. The login account
         itself stays: the user may sign in again, as a fresh account.
         """
+        async with await _lease_connection(self.pool) as lease:
+            # Logged and leased in one transaction: no sweep sees the wipe without its lease.
+            async with lease.transaction():
+                cur = await lease.execute(
+                    "INSERT INTO cairn_wipes (user_id) VALUES (%s) RETURNING id", (user_id,)
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                await lease.execute(
+                    "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (_wipe_key(row["id"]),)
+                )
+            report = WipeReport(wipe_id=int(row["id"]))
+            log.info("wipe %d started for user %s", report.wipe_id, user_id)
+            await self.revocations.revoke(user_id)
+            await self._step(report, "sessions_ended")
+            return await self._finish_wipe(user_id, report)
+
+    async def resume_unfinished_wipes(self) -> list[WipeReport]:
+        """Wipes left unfinished by a worker that stopped mid-way (kill -9, a crash): finished
+        here. A wipe's lease is a session advisory lock held by its worker for the whole wipe,
+        so it is free only once that worker is gone; a wipe still running is left alone."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "INSERT INTO cairn_wipes (user_id) VALUES (%s) RETURNING id", (user_id,)
+                "SELECT id, user_id, step FROM cairn_wipes WHERE finished_at IS NULL "
+                "ORDER BY id LIMIT 20"
             )
-            row = await cur.fetchone()
-        assert row is not None
-        report = WipeReport(wipe_id=int(row["id"]))
-        log.info("wipe %d started for user %s", report.wipe_id, user_id)
-        await self.revocations.revoke(user_id)
-        await self._step(report, "sessions_ended")
+            rows = await cur.fetchall()
+        reports = []
+        for row in rows:
+            async with await _lease_connection(self.pool) as lease:
+                cur = await lease.execute(
+                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS leased, "
+                    "(SELECT finished_at IS NULL FROM cairn_wipes WHERE id = %s) AS unfinished",
+                    (_wipe_key(row["id"]), row["id"]),
+                )
+                leased = await cur.fetchone()
+                if not (leased and leased["leased"] and leased["unfinished"]):
+                    continue  # its worker is alive, another finishes it, or it is done
+                report = WipeReport(wipe_id=int(row["id"]))
+                user_id = str(row["user_id"])
+                log.warning(
+                    "wipe %d of user %s was left at %r by a stopped worker: finishing it",
+                    report.wipe_id,
+                    user_id,
+                    row["step"],
+                )
+                if row["step"] == "started":  # stopped before the user's sessions were ended
+                    await self.revocations.revoke(user_id)
+                    await self._step(report, "sessions_ended")
+                reports.append(await self._finish_wipe(user_id, report))
+        return reports
+
+    async def _finish_wipe(self, user_id: str, report: WipeReport) -> WipeReport:
+        """Everything after the cut-off: delete passes until the check finds nothing left."""
         deadline = time.monotonic() + WIPE_WAIT_S
         for _ in range(WIPE_PASSES):
             await self._wipe_pass(user_id, report)
@@ -393,6 +441,27 @@ class Privacy:
                 "UPDATE cairn_wipes SET step = %s, counts = %s WHERE id = %s",
                 (step, Jsonb(report.counts), report.wipe_id),
             )
+
+
+def _wipe_key(wipe_id: int) -> str:
+    return f"cairn-wipe:{wipe_id}"
+
+
+async def _lease_connection(pool: Pool) -> psycopg.AsyncConnection[DictRow]:
+    """A connection of its own for a wipe's lease: the lock lives as long as it does (as long
+    as the worker does), and holds no app connection meanwhile."""
+    conninfo: str = await pool._resolve_conninfo()
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row)
+
+
+async def finish_wipes_forever(privacy: Privacy, *, every_s: float = WIPE_SWEEP_S) -> None:
+    """Every worker, until cancelled: unfinished wipes of stopped workers are finished."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await privacy.resume_unfinished_wipes()
+        except Exception as exc:
+            log.warning("finishing interrupted wipes failed: %s", exc)
 
 
 async def _delete_time_travel(conn: Any, thread_ids: list[str]) -> None:

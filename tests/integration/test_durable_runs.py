@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
@@ -27,7 +28,7 @@ from graphs.assistant.offline import offline_assistant
 from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
-from graphs.core.runs import RunJournal
+from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
@@ -44,9 +45,9 @@ from graphs.tools.search import LocalCorpus
 from ui.agents import assistant as assistant_agent
 from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
-from ui.recovery import recover_once
+from ui.recovery import recover_forever, recover_once
 from ui.runner import PostgresThreads, Runner
-from ui.surface import HeadlessSurface
+from ui.surface import HeadlessSurface, HeadlessView
 
 pytestmark = pytest.mark.integration
 
@@ -470,3 +471,271 @@ async def test_a_run_the_user_stopped_is_not_resumed_by_another_worker(database_
     assert outcome.status == "done"
     await close_stopping()
     await close_live()
+
+
+async def run_row(pool: Any, thread_id: str) -> dict[str, Any] | None:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT worker_id, status, attempts FROM cairn_runs WHERE thread_id = %s", (thread_id,)
+        )
+        return await cur.fetchone()
+
+
+async def test_a_live_workers_run_taken_by_mistake_stays_its_and_is_resumed_once_it_dies(
+    database_url,
+):
+    """A worker whose beats stopped for a while (Postgres away longer than STALE_S) is alive:
+    another's sweep takes its run, finds it busy (the run lock), and must leave the lease to
+    the worker running it; once that one dies, the run is found and resumed."""
+    runner, close = await make_runner(database_url, worker="survivor")
+    assert runner.journal is not None
+    beats = asyncio.create_task(heartbeat_forever(runner.journal, every_s=0.2))
+    thread_id = "durable-planner-lease"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    paused = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    [review] = paused.interrupts
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.stranded_worker",
+            database_url,
+            thread_id,
+            review.id,
+            "planner",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CAIRN_TEST_BEAT_S": "0.2"},
+    )
+    try:
+
+        async def running_there() -> bool:
+            row = await run_row(pool, thread_id)
+            return row is not None and row["worker_id"] == "doomed"
+
+        deadline = time.monotonic() + 60
+        while not await running_there():
+            assert worker.poll() is None, "the worker ended before the test could stop it"
+            assert time.monotonic() < deadline, "the worker never started its run"
+            await asyncio.sleep(0.05)
+        # Its beats did not reach Postgres for a while: the sweep here takes the run...
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' "
+                "WHERE thread_id = %s",
+                (thread_id,),
+            )
+        [outcome] = await recover_once(runner, pool)
+        assert outcome.status == "busy", "its worker is alive and holds the run lock"
+        # ... and the live worker, beating again, keeps it.
+        await asyncio.sleep(1.0)
+        row = await run_row(pool, thread_id)
+        assert row is not None
+        assert row["worker_id"] == "doomed", "the lease is the running worker's again"
+        assert len(await past_steps(runner, thread_id)) < 3, "still running when killed"
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    before = await past_steps(runner, thread_id)
+    killed_at = time.monotonic()
+    outcome = await recover(runner, killed_at)
+    assert outcome.status == "done", outcome
+    after = await past_steps(runner, thread_id)
+    indices = [step_parts(r)[0] for r in after]
+    assert indices == list(range(1, len(after) + 1)), "no step index twice, none missing"
+    assert after[: len(before)] == before, "completed steps were not run again"
+    assert await run_row(pool, thread_id) is None, "finished: no lease left behind"
+    beats.cancel()
+    await close()
+
+
+class OutageSurface(HeadlessSurface):
+    """Postgres goes away as the run begins (its first read fails)."""
+
+    def view(self, spec: Any, context: Any) -> Any:
+        class Broken(HeadlessView):
+            async def begin(self, load_state: Any) -> None:
+                raise psycopg.OperationalError("the server closed the connection")
+
+        return Broken(spec)
+
+
+class StillAwayJournal(RunJournal):
+    """... and is still away when the run ends: its row cannot be cleared."""
+
+    async def finished(self, thread_id: str) -> None:
+        raise psycopg.OperationalError("the server closed the connection")
+
+
+async def test_a_run_that_ends_in_an_outage_is_not_beaten_forever_but_left_for_a_sweep(
+    database_url,
+):
+    """The run failed on the outage and its row could not be cleared: this worker no longer
+    runs it, so it must stop beating it, or no live worker ever resumes it once Postgres is
+    back (the row stayed 'running', fresh, for as long as this worker lived)."""
+    runner, close = await make_runner(database_url, worker="survivor-2")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    runner.journal = StillAwayJournal(pool, worker="survivor-2")
+    thread_id = "durable-planner-outage"
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    outcome = await runner.message(
+        OutageSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    assert outcome.status == "unavailable"
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' WHERE thread_id = %s",
+            (thread_id,),
+        )
+    await runner.journal.beat()
+    taken = await runner.stranded()
+    assert [r.thread_id for r in taken] == [thread_id], "left for a sweep, not beaten"
+    await RunJournal(pool).forget(thread_id)
+    await close()
+
+
+async def test_a_run_whose_lock_is_cut_off_and_taken_elsewhere_stops_and_leaves_its_row(
+    database_url,
+):
+    """The run lock's session ended under a live run (a Postgres restart, or an operator's
+    pg_terminate_backend) and another worker took the thread's lock first: the run here stops
+    before it writes its reply, says so, and leaves the journal row to the other worker."""
+    runner, close = await make_runner(
+        database_url, worker="cut-off", slow_s=SLOW_CALL_S, agent="assistant"
+    )
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    thread_id = "durable-assistant-cut-off"
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    graph = runner.graphs["assistant"]
+    config = {"configurable": {"thread_id": thread_id}}
+    surface = HeadlessSurface()
+    turn = asyncio.create_task(
+        runner.message(
+            surface,
+            user_id="alice",
+            thread_id=thread_id,
+            profile="Assistant",
+            text=ASSISTANT_MESSAGE,
+            message_id="m-cut",
+            temporary=False,
+        )
+    )
+    deadline = time.monotonic() + 30
+    while (await graph.aget_state(config)).next != ("assistant",):
+        assert time.monotonic() < deadline, "the model never started"
+        await asyncio.sleep(0.05)
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND granted AND ((classid::bigint << 32) | objid::bigint) "
+            "= hashtextextended(%s, 0)",
+            (f"cairn-run:{thread_id}",),
+        )
+        assert len(await cur.fetchall()) == 1, "the run's lock session was found"
+    other = ThreadRunLocks(pool)
+    try:
+        async with other.hold(thread_id):  # another worker's run of the thread
+            outcome = await asyncio.wait_for(turn, timeout=10)
+            assert outcome.status == "busy", outcome
+            assert surface.errors, "the user is told where the reply went"
+            await asyncio.sleep(SLOW_CALL_S + 0.5)  # the model call would have ended by now
+            messages = (await graph.aget_state(config)).values["messages"]
+            assert [m.type for m in messages] == ["human"], "no reply beside the other run"
+            row = await run_row(pool, thread_id)
+            assert row is not None, "the row is left for the worker that runs the thread now"
+    finally:
+        if not turn.done():
+            turn.cancel()
+        await asyncio.gather(turn, return_exceptions=True)
+        await other.close()
+        await RunJournal(pool).forget(thread_id)
+        await close()
+
+
+async def strand(runner: Runner, thread_id: str) -> None:
+    """An Assistant run left as a killed worker leaves it: its message checkpointed, the model
+    at work, its journal row in place with a heartbeat nobody renews."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    graph = runner.graphs["assistant"]
+    turn = asyncio.create_task(
+        runner.message(
+            HeadlessSurface(),
+            user_id="alice",
+            thread_id=thread_id,
+            profile="Assistant",
+            text=ASSISTANT_MESSAGE,
+            message_id=f"m-{thread_id}",
+            temporary=False,
+        )
+    )
+    config = {"configurable": {"thread_id": thread_id}}
+    while (await graph.aget_state(config)).next != ("assistant",):
+        assert not turn.done(), turn
+        await asyncio.sleep(0.02)
+    turn.cancel()  # as a kill would stop it; but a cancel is the user's Stop, which forgets
+    await asyncio.gather(turn, return_exceptions=True)
+    journal = runner.journal
+    assert journal is not None
+    # ... so the row a killed worker leaves is put back, with a heartbeat nobody renews.
+    await journal.started(thread_id=thread_id, user_id="alice", agent="assistant")
+    journal.released(thread_id)
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 hour' WHERE thread_id = %s",
+            (thread_id,),
+        )
+
+
+async def test_a_long_resumed_run_does_not_hold_up_the_next_sweep(database_url):
+    """A worker resuming a dead worker's long run (a Research run takes minutes) still sweeps:
+    a run stranded meanwhile is taken and resumed at once, not after the long one ends."""
+    runner, close = await make_runner(database_url, worker="sweeper", slow_s=3.0, agent="assistant")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    sweeps = None
+    try:
+        await strand(runner, "durable-sweep-long")
+        sweeps = asyncio.create_task(recover_forever(runner, pool, every_s=0.2))
+        deadline = time.monotonic() + 10
+        while (row := await run_row(pool, "durable-sweep-long")) and row["attempts"] == 0:
+            assert time.monotonic() < deadline, "the first run was never taken"
+            await asyncio.sleep(0.05)
+        await strand(runner, "durable-sweep-next")
+        while (row := await run_row(pool, "durable-sweep-next")) and row["attempts"] == 0:
+            assert await run_row(pool, "durable-sweep-long") is not None, (
+                "the second run waited for the first to finish"
+            )
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 30
+        for thread_id in ("durable-sweep-long", "durable-sweep-next"):
+            while await run_row(pool, thread_id) is not None:
+                assert time.monotonic() < deadline, f"{thread_id} was never finished"
+                await asyncio.sleep(0.1)
+            messages = (
+                await runner.graphs["assistant"].aget_state(
+                    {"configurable": {"thread_id": thread_id}}
+                )
+            ).values["messages"]
+            assert [m.type for m in messages] == ["human", "ai"], "answered once"
+    finally:
+        if sweeps is not None:
+            sweeps.cancel()
+            await asyncio.gather(sweeps, return_exceptions=True)
+        await close()

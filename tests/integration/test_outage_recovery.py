@@ -458,3 +458,142 @@ async def test_a_turn_answered_just_before_an_outage_still_reaches_memory(
             lambda: ScopedMemory(db.store, user).all_memories(), what="the memory job"
         )
     assert [m.content for m in memories] == ["User's manager is Priya"]
+
+
+# --- run locks across a restart ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def another_worker(db: Persistence) -> AsyncIterator[Any]:
+    """A second app worker's pool on the same Postgres."""
+    pool = make_pool(db.pool.conninfo, max_size=2, timeout=POOL_TIMEOUT_S)
+    await pool.open()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def test_a_run_lock_held_across_a_postgres_restart_still_keeps_other_workers_out(
+    db, postgres, back_up
+) -> None:
+    """A session-level advisory lock dies with its connection when Postgres restarts, without
+    telling its holder: the run it guards goes on (its model call did not touch Postgres) while
+    another worker could start a second run of the same thread. The holder takes it again."""
+    from graphs.core.runlock import ThreadBusy
+
+    await eventually(lambda: select_one(db), what="the pool, after the previous test")
+    here, there = ThreadRunLocks(db.pool, watch_s=0.2), None
+    thread = f"thread-{uuid.uuid4()}"
+    release = asyncio.Event()
+    holding = asyncio.Event()
+
+    async def run() -> None:
+        async with here.hold(thread):
+            holding.set()
+            await release.wait()
+
+    task = asyncio.create_task(run())
+    await holding.wait()
+    await restart(postgres, down_s=1.0)
+    async with another_worker(db) as pool:
+        there = ThreadRunLocks(pool)
+        await eventually(lambda: select_one(db), what="the pool")
+        await asyncio.sleep(2.0)  # the holder has noticed and taken its lock again
+        with pytest.raises(ThreadBusy):
+            async with there.hold(thread):
+                pass
+        release.set()
+        await task  # the run was not interrupted: nobody else holds its lock
+        async with there.hold(thread):  # released at the end of the run
+            pass
+        await there.close()
+    await here.close()
+
+
+async def test_a_run_whose_lock_another_worker_took_during_a_restart_stops(
+    db, postgres, back_up
+) -> None:
+    """The other worker came first (it resumed the run, or the user sent again there): the run
+    here stops at once rather than run beside it."""
+    from graphs.core.runlock import RunLockLost
+
+    await eventually(lambda: select_one(db), what="the pool, after the previous test")
+    here = ThreadRunLocks(db.pool, watch_s=3.0)
+    thread = f"thread-{uuid.uuid4()}"
+    holding = asyncio.Event()
+
+    async def run() -> None:
+        async with here.hold(thread):
+            holding.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(run())
+    await holding.wait()
+    await restart(postgres, down_s=0.5)
+    async with another_worker(db) as pool:
+        there = ThreadRunLocks(pool)
+
+        async def taken_there() -> bool:
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(there.hold(thread))
+            taken.append(stack)
+            return True
+
+        taken: list[contextlib.AsyncExitStack] = []
+        await eventually(taken_there, what="the other worker to take the lock")
+        with pytest.raises(RunLockLost):
+            await asyncio.wait_for(task, timeout=10)
+        await taken[0].aclose()
+        await there.close()
+    await here.close()
+
+
+async def test_runs_are_not_taken_as_stranded_until_their_workers_could_beat_after_a_restart(
+    db, postgres, back_up
+) -> None:
+    """Postgres away longer than STALE_S: every live worker's heartbeats are old when it comes
+    back. A sweep that ran first would take live workers' runs (and race them for their run
+    locks); a run counts as stranded only once its worker had STALE_S to beat again."""
+    from auth.ownership import claim_thread
+
+    await eventually(lambda: select_one(db), what="the pool, after the previous test")
+    stale_s = 8.0
+    thread = f"thread-{uuid.uuid4()}"
+    await claim_thread(db.pool, thread_id=thread, user_id="alice", agent="assistant")
+    running_here = RunJournal(db.pool, worker="live")
+    await running_here.started(thread_id=thread, user_id="alice", agent="assistant")
+    sweeper = RunJournal(db.pool, worker="sweeper")
+
+    async def postgres_up_for() -> float:
+        async with db.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT extract(epoch FROM now() - pg_postmaster_start_time()) AS s"
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return float(row["s"])
+
+    try:
+        await restart(postgres, down_s=0.5)
+        await eventually(lambda: select_one(db), what="the pool")
+        async with db.pool.connection() as conn:  # as an outage longer than stale_s leaves it
+            await conn.execute(
+                "UPDATE cairn_runs SET heartbeat_at = now() - make_interval(secs => %s) "
+                "WHERE thread_id = %s",
+                (stale_s * 2, thread),
+            )
+        assert await postgres_up_for() < stale_s - 1, "the pool took too long to come back"
+        assert await sweeper.take_stranded(stale_s=stale_s) == [], "its worker may be alive"
+        await running_here.beat()  # ... and it is
+        await asyncio.sleep(stale_s - await postgres_up_for() + 0.5)
+        async with db.pool.connection() as conn:  # now its worker stopped beating for good
+            await conn.execute(
+                "UPDATE cairn_runs SET heartbeat_at = now() - make_interval(secs => %s) "
+                "WHERE thread_id = %s",
+                (stale_s * 2, thread),
+            )
+        [taken] = await sweeper.take_stranded(stale_s=stale_s)
+        assert taken.thread_id == thread
+    finally:
+        await sweeper.forget(thread)

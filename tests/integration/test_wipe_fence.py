@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypedDict
 
 import chainlit.data
+import psycopg
 import pytest
 from chainlit.context import init_http_context
 from chainlit.user import User
@@ -427,3 +428,57 @@ async def test_a_write_waiting_for_the_lock_sees_the_cut_off_it_waited_for(
     with fence.acting_for(Fence(user, cut + 1)):
         await write(Fence(user, cut + 1))
     assert await written() == 1
+
+
+async def user_with_data(db: Persistence) -> tuple[str, str]:
+    user, thread = new_id("user"), new_id("thread")
+    await claim_thread(db.pool, thread_id=thread, user_id=user, agent="assistant")
+    await chainlit_thread(db, user, thread)
+    await learned(db, user, thread, "User likes green tea")
+    return user, thread
+
+
+async def wipe_row(db: Persistence, user: str, step: str) -> int:
+    """A wipe as its worker left it when it was killed at `step` (its lease went with it)."""
+    return int(
+        await scalar(
+            db, "INSERT INTO cairn_wipes (user_id, step) VALUES (%s, %s) RETURNING id", user, step
+        )
+    )
+
+
+async def test_a_wipe_whose_worker_was_killed_mid_way_is_finished_by_a_live_one(
+    db: Persistence, wiper: tuple[Privacy, MemoryJobs]
+) -> None:
+    """kill -9 during "delete all my data": half the user's data gone, half left, and nobody
+    finished it. A live worker finds the unfinished wipe (its lease free) and completes it; a
+    wipe still running on a live worker is left alone."""
+    service, _jobs = wiper
+    killed_user, _ = await user_with_data(db)
+    killed_wipe = await wipe_row(db, killed_user, "sessions_ended")
+    never_cut_user, _ = await user_with_data(db)
+    never_cut = await wipe_row(db, never_cut_user, "started")  # killed before the cut-off
+    busy_user, _ = await user_with_data(db)
+    busy_wipe = await wipe_row(db, busy_user, "sessions_ended")
+
+    async with await psycopg.AsyncConnection.connect(db.pool.conninfo, autocommit=True) as alive:
+        await alive.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"cairn-wipe:{busy_wipe}",)
+        )
+        reports = await service.resume_unfinished_wipes()
+        assert sorted(r.wipe_id for r in reports) == sorted([killed_wipe, never_cut])
+        assert all(r.verified for r in reports)
+        for user, wipe in ((killed_user, killed_wipe), (never_cut_user, never_cut)):
+            assert not any((await service.leftovers(user, set())).values())
+            assert await scalar(
+                db, "SELECT finished_at IS NOT NULL AND verified FROM cairn_wipes WHERE id = %s",
+                wipe,
+            )  # fmt: skip
+        # Its sessions were ended too, as the wipe would have done first.
+        assert await service.revocations.cut_off(never_cut_user, cached=False) is not None  # type: ignore[attr-defined]
+        # The one a live worker runs is its own.
+        assert await scalar(db, "SELECT count(*) FROM cairn_threads WHERE owner_id = %s", busy_user)
+        assert await service.resume_unfinished_wipes() == []
+    [report] = await service.resume_unfinished_wipes()  # ... until that worker dies
+    assert report.wipe_id == busy_wipe
+    assert report.verified

@@ -129,6 +129,9 @@ class MemoryLocks:
         finally:
             self.held.discard(thread_id)
 
+    def lost(self, thread_id: str) -> bool:
+        return False
+
 
 class AskState(TypedDict, total=False):
     answer: Any
@@ -567,6 +570,9 @@ async def test_the_run_lock_reports_a_missing_connection_as_an_outage_not_busy()
         async def connection(self, timeout: float | None = None) -> AsyncIterator[Any]:
             raise PoolTimeout("couldn't get a connection after 10.00 sec")
             yield
+
+        async def getconn(self, timeout: float | None = None) -> Any:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
 
     locks = ThreadRunLocks(pool=None)  # type: ignore[arg-type]
     locks._lock_pool = NoConnections()  # type: ignore[assignment]
