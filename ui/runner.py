@@ -577,7 +577,15 @@ class Runner:
             metrics.observe_resumed(owned.agent, "given_up")
             await surface.failed(RUN_LOST, thread_id=thread_id)
             return RunOutcome("failed", owned=owned)
-        state = await graph.aget_state(_config(thread_id, spec))
+        try:
+            # Read under the run lock: a live worker that has just taken the run (its row
+            # written, its first checkpoint not yet) still shows the question it answers, and
+            # the row it runs under would be dropped as "waits for the user".
+            async with self.locks.hold(thread_id):
+                state = await graph.aget_state(_config(thread_id, spec))
+        except ThreadBusy:
+            # Its worker is alive after all (it holds the run lock) and will finish it.
+            return RunOutcome("busy", owned=owned)
         if not state.next or state.interrupts:
             await self.journal.forget(thread_id)  # it had finished, or waits for the user
             if state.interrupts:

@@ -28,7 +28,7 @@ from graphs.assistant.offline import offline_assistant
 from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
-from graphs.core.runs import RunJournal, heartbeat_forever
+from graphs.core.runs import RunJournal, StrandedRun, heartbeat_forever
 from graphs.core.settings import Settings
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
@@ -738,4 +738,45 @@ async def test_a_long_resumed_run_does_not_hold_up_the_next_sweep(database_url):
         if sweeps is not None:
             sweeps.cancel()
             await asyncio.gather(sweeps, return_exceptions=True)
+        await close()
+
+
+async def test_a_sweep_leaves_a_run_its_worker_has_just_taken_up(database_url):
+    """A worker that has just taken up an answered question holds the run lock and has written
+    its row, but not yet its first checkpoint: the state still shows the question. A sweep
+    reading that state without the lock took the run for one waiting on the user and dropped
+    the row, so the run was lost if that worker then died."""
+    runner, close = await make_runner(database_url, worker="sweeper")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    thread_id = "durable-planner-just-taken"
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
+    paused = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Planner",
+        text=GOAL,
+        message_id="m1",
+        temporary=False,
+    )
+    assert paused.status == "paused"
+    other_worker = RunJournal(pool, worker="answering")
+    other_locks = ThreadRunLocks(pool)
+    try:
+        async with other_locks.hold(thread_id):  # the answering worker, before its checkpoint
+            await other_worker.started(thread_id=thread_id, user_id="alice", agent="planner")
+            stranded = StrandedRun(
+                thread_id=thread_id, user_id="alice", agent="planner", attempts=1
+            )
+            outcome = await runner.resume_stranded(stranded, HeadlessSurface())
+            assert outcome.status == "busy", outcome
+            row = await run_row(pool, thread_id)
+            assert row is not None, "the row stays with the worker running the thread"
+        # Once nobody holds the lock, the question is the user's to answer: the row goes.
+        outcome = await runner.resume_stranded(stranded, HeadlessSurface())
+        assert outcome.status == "paused"
+        assert await run_row(pool, thread_id) is None
+    finally:
+        await other_locks.close()
+        await RunJournal(pool).forget(thread_id)
         await close()
