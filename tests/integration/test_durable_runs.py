@@ -184,13 +184,12 @@ async def past_steps(runner: Runner, thread_id: str) -> list[Any]:
     return list(state.values.get("past_steps", []))
 
 
-async def test_a_planner_run_killed_mid_run_is_resumed_by_a_live_worker(database_url):
-    runner, close = await make_runner(database_url, worker="survivor")
-    thread_id = "durable-planner-1"
+async def send_goal(runner: Runner, thread_id: str, surface: Any = None) -> Any:
+    """Alice's new Planner thread, sent GOAL (it pauses on the plan's review)."""
     pool = runner.threads.pool  # type: ignore[attr-defined]
     await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
-    paused = await runner.message(
-        HeadlessSurface(),
+    return await runner.message(
+        surface or HeadlessSurface(),
         user_id="alice",
         thread_id=thread_id,
         profile="Planner",
@@ -198,6 +197,12 @@ async def test_a_planner_run_killed_mid_run_is_resumed_by_a_live_worker(database
         message_id="m1",
         temporary=False,
     )
+
+
+async def test_a_planner_run_killed_mid_run_is_resumed_by_a_live_worker(database_url):
+    runner, close = await make_runner(database_url, worker="survivor")
+    thread_id = "durable-planner-1"
+    paused = await send_goal(runner, thread_id)
     assert paused.status == "paused"
     [review] = paused.interrupts
 
@@ -492,16 +497,7 @@ async def test_a_live_workers_run_taken_by_mistake_stays_its_and_is_resumed_once
     beats = asyncio.create_task(heartbeat_forever(runner.journal, every_s=0.2))
     thread_id = "durable-planner-lease"
     pool = runner.threads.pool  # type: ignore[attr-defined]
-    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
-    paused = await runner.message(
-        HeadlessSurface(),
-        user_id="alice",
-        thread_id=thread_id,
-        profile="Planner",
-        text=GOAL,
-        message_id="m1",
-        temporary=False,
-    )
+    paused = await send_goal(runner, thread_id)
     [review] = paused.interrupts
     worker = subprocess.Popen(
         [
@@ -588,16 +584,7 @@ async def test_a_run_that_ends_in_an_outage_is_not_beaten_forever_but_left_for_a
     pool = runner.threads.pool  # type: ignore[attr-defined]
     runner.journal = StillAwayJournal(pool, worker="survivor-2")
     thread_id = "durable-planner-outage"
-    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
-    outcome = await runner.message(
-        OutageSurface(),
-        user_id="alice",
-        thread_id=thread_id,
-        profile="Planner",
-        text=GOAL,
-        message_id="m1",
-        temporary=False,
-    )
+    outcome = await send_goal(runner, thread_id, OutageSurface())
     assert outcome.status == "unavailable"
     async with pool.connection() as conn:
         await conn.execute(
@@ -749,16 +736,7 @@ async def test_a_sweep_leaves_a_run_its_worker_has_just_taken_up(database_url):
     runner, close = await make_runner(database_url, worker="sweeper")
     pool = runner.threads.pool  # type: ignore[attr-defined]
     thread_id = "durable-planner-just-taken"
-    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="planner")
-    paused = await runner.message(
-        HeadlessSurface(),
-        user_id="alice",
-        thread_id=thread_id,
-        profile="Planner",
-        text=GOAL,
-        message_id="m1",
-        temporary=False,
-    )
+    paused = await send_goal(runner, thread_id)
     assert paused.status == "paused"
     other_worker = RunJournal(pool, worker="answering")
     other_locks = ThreadRunLocks(pool)
