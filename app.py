@@ -1,26 +1,182 @@
-"""Chainlit entry point: wires Chainlit's hooks to the handlers in ui/. Nothing else."""
+"""Cairn's ASGI app: `create_app(settings)` owns start-up, routes and middleware, and mounts
+Chainlit (ui/chainlit/). Serve it with `python -m app` (uvicorn on uvloop)."""
 
-import chainlit as cl
-from chainlit.server import app
+from __future__ import annotations
 
-from auth.oauth import oauth_callback
-from ui import chat, runtime
-from ui.actions import ANSWER_ACTION, RETRY_ACTION
-from ui.chainlit_patches import exit_if_startup_fails, on_message_edit
-from ui.data_layer import PostgresDataLayer
+import argparse
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-# Also installs every Chainlit patch (ui/chainlit_patches.py) before Chainlit serves.
-_runtime = runtime.prepare(app)
+from fastapi import FastAPI
 
-cl.on_app_startup(exit_if_startup_fails(runtime.start))
-cl.on_app_shutdown(runtime.stop)
-cl.data_layer(lambda: PostgresDataLayer(_runtime.pool, on_delete=runtime.delete_thread_data))
-cl.oauth_callback(oauth_callback)
-cl.set_chat_profiles(chat.chat_profiles)
-cl.on_chat_start(chat.start_chat)
-cl.on_chat_resume(chat.resume_chat)
-cl.on_message(chat.handle_message)
-on_message_edit(chat.edit_message)
-cl.on_settings_update(chat.update_settings)
-cl.action_callback(RETRY_ACTION)(chat.retry_turn)
-cl.action_callback(ANSWER_ACTION)(chat.answer_question)
+from auth.local_accounts import LocalAccounts
+from auth.local_oidc import build_local_oidc_router
+from auth.sessions import EndedSessionGuard, SessionTokens
+from graphs.core.settings import Settings, get_settings
+from ui import output_guard, runtime
+from ui.agents import AGENTS
+from ui.chainlit import adapter
+from ui.chainlit.config import ui_policy
+from ui.chainlit.identity import clear_session_cookie, session_token
+from ui.health import build_router as build_health_router
+from ui.limits import UploadSizeLimit
+from ui.mcp_server import McpEndpoint
+from ui.memory_page import build_router as build_memory_router
+from ui.metrics import build_router as build_metrics_router
+from ui.origin_guard import OriginGuard
+from ui.security_headers import SecurityHeaders
+from ui.support_page import build_router as build_support_router
+from ui.tokens_page import build_router as build_tokens_router
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from auth.tokens import AccessTokens
+    from ui.runtime import AppRuntime
+
+log = logging.getLogger("cairn")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """One worker's app. Nothing starts until its lifespan: the pool opens, the schema is set
+    up, the graphs are compiled and background work begins."""
+    settings = settings or get_settings()
+    public_url = settings.base_url(settings.port)
+    auth_secret = settings.ensure_auth_secret()
+    origins = settings.origins(settings.port)
+    state = runtime.open_runtime(settings, public_url=public_url, auth_secret=auth_secret)
+    mcp = McpEndpoint(
+        settings=settings,
+        public_url=public_url,
+        pool=state.pool,
+        agents=AGENTS,
+        runner=lambda: state.runner,
+        tokens=lambda: _tokens(state),
+        chat=lambda: state.port,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start(state)
+        await mcp.start()
+        try:
+            yield
+        finally:
+            await mcp.stop()
+            await runtime.stop(state)
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runtime = state
+    app.state.session_tokens = SessionTokens(secret=auth_secret, from_cookies=session_token)
+    output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
+    _include_routers(app, state, mcp)
+    state.chat = adapter.mount(
+        app,
+        settings=settings,
+        public_url=public_url,
+        auth_secret=auth_secret,
+        origins=origins,
+        runtime=lambda: _started(state),
+        pool=state.pool,
+    )
+    _add_middleware(app, state, origins)
+    return app
+
+
+def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
+    """Cairn's routes, all matched before Chainlit's (mounted last, at the root)."""
+    settings = state.settings
+    provider = adapter.bundled_sign_in(
+        settings,
+        public_url=state.public_url,
+        internal_url=f"http://127.0.0.1:{settings.port}",
+        auth_secret=state.auth_secret,
+    )
+    if provider is not None:
+        state.accounts = LocalAccounts(state.pool)
+        app.include_router(
+            build_local_oidc_router(
+                accounts=state.accounts,
+                pool=state.pool,
+                issuer=f"{state.public_url}/local-oidc",
+                client_id=provider.client_id,
+                client_secret=provider.client_secret,
+                signing_key_path=settings.data_dir / "local_oidc_key.json",
+                allow_signup=settings.local_signup,
+            )
+        )
+    app.include_router(build_health_router(lambda: state))
+    app.include_router(build_memory_router())
+    app.include_router(build_support_router())
+    for agent in AGENTS:
+        if agent.routes is not None:
+            app.include_router(agent.routes(settings))
+    metrics_token = settings.metrics_token
+    app.include_router(
+        build_metrics_router(
+            metrics_token.get_secret_value() if metrics_token is not None else None,
+            lambda: state.pool,
+        )
+    )
+    app.include_router(build_tokens_router(AGENTS))
+    # In front of Chainlit's own /mcp routes (its MCP client feature, switched off here).
+    app.include_router(mcp.router())
+
+
+def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None:
+    """Outermost last: security headers on every answer, then the origin check, Chainlit's
+    request guard, the ended-session check and the upload limit."""
+    settings = state.settings
+    app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
+    app.add_middleware(
+        EndedSessionGuard,
+        tokens=app.state.session_tokens,
+        revocations=lambda: state.revocations,
+        clear_cookie=clear_session_cookie,
+    )
+    # A malformed body to a Chainlit route is refused before anything else reads it.
+    app.add_middleware(adapter.RequestGuard)
+    app.add_middleware(OriginGuard, origins=origins)
+    app.add_middleware(
+        SecurityHeaders, policy=ui_policy(state.public_url, settings.image_allowed_origins)
+    )
+
+
+def _started(state: AppRuntime) -> AppRuntime:
+    if not state.started:
+        raise RuntimeError(runtime.STARTING)
+    return state
+
+
+def _tokens(state: AppRuntime) -> AccessTokens:
+    tokens = state.tokens
+    if tokens is None:
+        raise RuntimeError(runtime.STARTING)
+    return tokens
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve one worker with uvicorn on uvloop (`make run`)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    settings = get_settings().model_copy(update=overrides) if overrides else get_settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        ws="websockets",
+        log_level="info",
+        timeout_graceful_shutdown=10,
+    )
+
+
+if __name__ == "__main__":
+    main()

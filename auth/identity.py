@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-from chainlit.auth import get_current_user
-from fastapi import Depends, HTTPException
-
-if TYPE_CHECKING:
-    from chainlit.user import User
+from fastapi import Depends, HTTPException, Request
 
 log = logging.getLogger("cairn.security")
 
@@ -21,20 +17,14 @@ class NotAuthenticated(PermissionError):
     """No verified login is attached to this request or socket session."""
 
 
-def user_id_of(user: User | None) -> str:
-    """The stable user id of a verified Chainlit user (its identifier, set by our OAuth callback)."""
-    identifier = getattr(user, "identifier", None)
+def user_id_of(claims: dict[str, Any] | None) -> str:
+    """The stable user id in a verified session's claims (its identifier, which the login
+    callback set from the provider's verified subject: auth/oauth.py)."""
+    identifier = claims.get("identifier") if claims else None
     if not identifier:
         msg = "no authenticated user in this session"
         raise NotAuthenticated(msg)
     return str(identifier)
-
-
-def session_user_id() -> str:
-    """user_id for the current Chainlit websocket/HTTP context."""
-    from chainlit.context import context
-
-    return user_id_of(context.session.user)
 
 
 def flag_client_identity(payload: Any, *, where: str, user_id: str) -> None:
@@ -51,11 +41,22 @@ def flag_client_identity(payload: Any, *, where: str, user_id: str) -> None:
         )
 
 
-async def _current_user_id(user: Annotated[Any, Depends(get_current_user)]) -> str:
-    try:
-        return user_id_of(user)
-    except NotAuthenticated:
-        raise HTTPException(status_code=401, detail="Not signed in") from None
+async def _session_claims(request: Request) -> dict[str, Any]:
+    """The verified claims of the request's session (auth.sessions.SessionTokens, which the
+    app keeps on `app.state.session_tokens`); 401 when there is none or it does not verify."""
+    tokens = getattr(request.app.state, "session_tokens", None)
+    claims = tokens.claims(request.headers) if tokens is not None else None
+    if not claims or not claims.get("identifier"):
+        raise HTTPException(status_code=401, detail="Not signed in")
+    return claims
+
+
+SessionClaims = Annotated[dict[str, Any], Depends(_session_claims)]
+"""For FastAPI routes: the verified claims of the signed-in session (identifier, display name)."""
+
+
+async def _current_user_id(claims: SessionClaims) -> str:
+    return user_id_of(claims)
 
 
 CurrentUserId = Annotated[str, Depends(_current_user_id)]

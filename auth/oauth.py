@@ -1,18 +1,14 @@
-"""OAuth login: maps a provider's verified user to Cairn's stable user id, and the bundled local provider."""
+"""OAuth login: a provider's verified user mapped to Cairn's stable user id, and the bundled
+local provider's client credentials. The chat framework's login hooks call these
+(ui/chainlit/oauth.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
-
-from chainlit import oauth_providers
-from chainlit.oauth_providers import GenericOAuthProvider
-from chainlit.user import User
-
-if TYPE_CHECKING:
-    from graphs.core.settings import Settings
+from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +19,18 @@ LOCAL_CLIENT_ID = "cairn-web"
 _SUBJECT_FIELDS = ("sub", "id", "oid", "user_id")
 
 
-async def oauth_callback(
-    provider_id: str,
-    token: str,
-    raw_user_data: dict[str, Any],
-    default_user: User,
-    id_token: str | None = None,
-) -> User | None:
-    """Chainlit's hook after a provider verified the login: build the session user."""
+@dataclass(frozen=True)
+class VerifiedUser:
+    """Who a provider's verified login says the user is."""
+
+    identifier: str
+    """`<provider>:<subject>`: the user_id everything in Cairn is keyed by."""
+    display_name: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def verified_user(provider_id: str, raw_user_data: dict[str, Any]) -> VerifiedUser | None:
+    """The session user for a login the provider verified; None when it named no subject."""
     subject = next((str(raw_user_data[f]) for f in _SUBJECT_FIELDS if raw_user_data.get(f)), None)
     if subject is None:
         log.warning("login refused: provider %s returned no subject", provider_id)
@@ -43,36 +43,11 @@ async def oauth_callback(
         ),
         subject,
     )
-    return User(
+    return VerifiedUser(
         identifier=f"{provider_id}:{subject}",
         display_name=display[:100],
         metadata={"provider": provider_id, "email": raw_user_data.get("email")},
     )
-
-
-class LocalOIDCProvider(GenericOAuthProvider):
-    """Chainlit's generic OAuth client pointed at the app's bundled OpenID Connect provider."""
-
-    id = LOCAL_PROVIDER_ID
-    env = []  # noqa: RUF012 (the base class declares it as a plain attribute)
-
-    def __init__(self, *, public_issuer: str, internal_issuer: str, client_secret: str) -> None:
-        self.client_id = LOCAL_CLIENT_ID
-        self.client_secret = client_secret
-        self.authorize_url = f"{public_issuer}/authorize"
-        # The token and userinfo calls come from this server, so they use its own address.
-        self.token_url = f"{internal_issuer}/token"
-        self.user_info_url = f"{internal_issuer}/userinfo"
-        self.scopes = "openid profile email"
-        self.user_identifier = "sub"
-        self.authorize_params = {"scope": self.scopes, "response_type": "code"}
-
-    def is_configured(self) -> bool:
-        return True
-
-
-def real_providers_configured() -> bool:
-    return any(p.is_configured() for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID)
 
 
 def local_client_secret(auth_secret: str) -> str:
@@ -80,21 +55,7 @@ def local_client_secret(auth_secret: str) -> str:
     return hmac.new(auth_secret.encode(), b"cairn-local-oidc-client", hashlib.sha256).hexdigest()
 
 
-def register_local_provider(
-    settings: Settings, *, public_url: str, internal_url: str, auth_secret: str
-) -> LocalOIDCProvider | None:
-    """Enable the bundled provider unless a real one is configured; never in production."""
-    if real_providers_configured():
-        return None
-    if settings.production:
-        msg = "Production mode needs a real OAuth provider (OAUTH_* settings); the bundled login is for local use"
-        raise ValueError(msg)
-    provider = LocalOIDCProvider(
-        public_issuer=f"{public_url}/local-oidc",
-        internal_issuer=f"{internal_url}/local-oidc",
-        client_secret=local_client_secret(auth_secret),
-    )
-    oauth_providers.providers[:] = [
-        p for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID
-    ] + [provider]
-    return provider
+LOCAL_IN_PRODUCTION = (
+    "Production mode needs a real OAuth provider (OAUTH_* settings); the bundled login is for "
+    "local use"
+)

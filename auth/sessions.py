@@ -12,7 +12,6 @@ from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Any
 
 import jwt
-from chainlit.auth.cookie import clear_auth_cookie, get_token_from_cookies
 from psycopg import AsyncConnection
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -22,8 +21,9 @@ from graphs.core import fence
 from graphs.core.errors import is_database_outage
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
+    from starlette.responses import Response
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from graphs.core.persistence import Pool
@@ -49,6 +49,29 @@ def token_claims(token: str | None, secret: str) -> dict[str, Any] | None:
     except jwt.PyJWTError:
         return None
     return claims
+
+
+class SessionTokens:
+    """The session token a request carries (the chat's cookie, or a bearer header), verified.
+
+    The cookie's name and layout are the chat framework's, so `from_cookies` comes from its
+    adapter (ui/chainlit/identity.py); what is verified, and how, is decided here.
+    """
+
+    def __init__(
+        self, *, secret: str, from_cookies: Callable[[Mapping[str, str]], str | None]
+    ) -> None:
+        self.secret = secret
+        self._from_cookies = from_cookies
+
+    def token(self, headers: Headers) -> str | None:
+        token = self._from_cookies(dict(_cookies(headers.get("cookie", ""))))
+        if not token and (auth := headers.get("authorization", "")).lower().startswith("bearer "):
+            token = auth[7:]
+        return token or None
+
+    def claims(self, headers: Headers) -> dict[str, Any] | None:
+        return token_claims(self.token(headers), self.secret)
 
 
 class SessionRevocations:
@@ -134,23 +157,21 @@ class EndedSessionGuard:
         self,
         app: ASGIApp,
         *,
-        secret: str,
+        tokens: SessionTokens,
         revocations: Callable[[], SessionRevocations | None],
+        clear_cookie: Callable[[Request, Response], None],
     ) -> None:
         self.app = app
-        self.secret = secret
+        self.tokens = tokens
         self.revocations = revocations
+        self.clear_cookie = clear_cookie
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         revocations = self.revocations()
         if scope["type"] not in ("http", "websocket") or revocations is None:
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        token = get_token_from_cookies(dict(_cookies(headers.get("cookie", ""))))
-        if not token and (auth := headers.get("authorization", "")).lower().startswith("bearer "):
-            token = auth[7:]
-        claims = token_claims(token, self.secret)
+        claims = self.tokens.claims(Headers(scope=scope))
         user_id = claims.get("identifier") if claims else None
         if claims is None or not user_id:
             await self.app(scope, receive, send)
@@ -178,7 +199,7 @@ class EndedSessionGuard:
         response = JSONResponse(
             {"detail": "This session has ended. Please sign in again."}, status_code=401
         )
-        clear_auth_cookie(Request(scope), response)
+        self.clear_cookie(Request(scope), response)
         await response(scope, receive, send)
 
 

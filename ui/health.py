@@ -65,7 +65,7 @@ async def database_answers(pool: Pool, *, timeout_s: float = DATABASE_TIMEOUT_S)
 
 def build_router(get_runtime: Callable[[], Serving | None]) -> APIRouter:
     """Both routes take no session and answer only a status word: nothing to leak, nothing to
-    authenticate. Mount them before Chainlit's catch-all (mount_before_catch_all)."""
+    authenticate."""
     router = APIRouter()
 
     @router.get("/healthz", include_in_schema=False)

@@ -34,7 +34,6 @@ from starlette.routing import Route
 
 from auth.ownership import NOT_FOUND, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
-from ui.data_layer import add_outside_turn, append_message
 from ui.runner import UNAVAILABLE
 from ui.surface import HeadlessSurface, HeadlessView
 
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from graphs.core.context import Context as RunContext
     from graphs.core.pool import Pool
     from graphs.core.settings import Settings
+    from ui.port import ChatPort
     from ui.runner import AgentSpec, LoadState, McpTool, Runner, RunOutcome, Status, View
 
 log = logging.getLogger("cairn.mcp")
@@ -260,6 +260,7 @@ class McpEndpoint:
         agents: Sequence[AgentSpec],
         runner: Callable[[], Runner],
         tokens: Callable[[], AccessTokens],
+        chat: Callable[[], ChatPort],
     ) -> None:
         self.settings = settings
         self.agents = offered(agents)
@@ -267,6 +268,8 @@ class McpEndpoint:
         self.pool = pool
         self.runner = runner
         self.tokens = tokens
+        self.chat = chat
+        """The chat port (ui/port.py): MCP conversations show in the user's sidebar too."""
         self.server = FastMCP(
             name="Cairn",
             instructions=instructions(self.agents),
@@ -605,7 +608,9 @@ class McpEndpoint:
             raise Logged(detail)
         result = self._result(call, spec, outcome, surface)
         if result.get("reply") and call.thread_id is not None:
-            await append_message(self.pool, call.thread_id, result["reply"], author=spec.profile)
+            await self.chat().append_reply(
+                call.thread_id, result["reply"], author=spec.profile, once=True
+            )
         return result
 
     async def _show_in_chat(
@@ -613,8 +618,8 @@ class McpEndpoint:
     ) -> None:
         """The conversation in the user's chat sidebar too, with what was asked over MCP.
         The thread is the caller's (checked) or new (its id chosen here)."""
-        await add_outside_turn(
-            self.pool, thread_id=thread_id, user_id=token.user_id, profile=spec.profile, text=text
+        await self.chat().add_outside_turn(
+            thread_id=thread_id, user_id=token.user_id, profile=spec.profile, text=text
         )
 
     def _result(

@@ -6,7 +6,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import chainlit as cl
 from langchain_core.messages import ToolMessage
 
 NOTE_AUTHOR = "Cairn"
@@ -48,16 +47,6 @@ def memory_note_text(message: ToolMessage) -> str | None:
     if not isinstance(artifact, dict) or artifact.get("kind") != "memory":
         return None
     return plain(str(artifact.get("note", "")).strip()) or None
-
-
-async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
-    """Sent as its own message, so the data layer stores it with the conversation."""
-    note = memory_note(results)
-    if note is None:
-        return None
-    message = cl.Message(content=note, author=NOTE_AUTHOR)
-    await message.send()
-    return message
 
 
 def plain(text: str) -> str:

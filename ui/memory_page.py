@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
-from chainlit.auth import clear_auth_cookie, get_current_user
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from auth.identity import CurrentUserId, flag_client_identity
+from auth.identity import CurrentUserId, SessionClaims, flag_client_identity
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import ThreadNotFound
 from graphs.core.runlock import ThreadBusy
@@ -33,55 +32,9 @@ from graphs.memory.manage import (
 )
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
 from graphs.memory.scoped import MemorySettings, ScopedMemory
-from ui.chainlit_patches import disconnect_user_sockets, write_assistant_message
 from ui.memory_note import CATEGORY_LABELS, category_label
+from ui.runtime import AppRuntime, Runtime
 from ui.surface import HeadlessSurface
-
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-    from auth.local_accounts import LocalAccounts
-    from graphs.core.persistence import Persistence, Pool
-    from graphs.core.settings import Settings
-    from graphs.core.timetravel import SupportAudit
-    from graphs.memory.jobs import MemoryJobs
-    from graphs.memory.privacy import Privacy
-    from ui.runner import Runner
-
-
-class AppRuntime(Protocol):
-    """What the page needs from the worker's start-up (ui/runtime.AppRuntime provides it)."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def pool(self) -> Pool: ...
-
-    @property
-    def public_url(self) -> str: ...
-
-    @property
-    def accounts(self) -> LocalAccounts | None: ...
-
-    @property
-    def persistence(self) -> Persistence | None: ...
-
-    @property
-    def graphs(self) -> Mapping[str, Any]: ...
-
-    @property
-    def memory_jobs(self) -> MemoryJobs | None: ...
-
-    @property
-    def privacy(self) -> Privacy: ...
-
-    @property
-    def runner(self) -> Runner: ...
-
-    @property
-    def support_audit(self) -> SupportAudit | None: ...
-
 
 log = logging.getLogger("cairn.security")
 
@@ -104,28 +57,10 @@ NO_NAME = "Your account"
 """Shown when the login carried no name: never the raw account id."""
 
 
-_runtime_source: Callable[[], AppRuntime] | None = None
-"""Set by build_router: the worker's runtime, once it has started."""
-
-
-def _runtime() -> AppRuntime:
-    try:
-        if _runtime_source is None:
-            raise RuntimeError
-        return _runtime_source()
-    except RuntimeError:
-        raise HTTPException(status_code=503, detail="Cairn is still starting") from None
-
-
-Runtime = Annotated["AppRuntime", Depends(_runtime)]
-
-
-async def display_name(
-    user: Annotated[Any, Depends(get_current_user)], user_id: CurrentUserId, runtime: Runtime
-) -> str:
+async def display_name(claims: SessionClaims, user_id: CurrentUserId, runtime: Runtime) -> str:
     """The signed-in user's name, from the verified session: the name the login provider
     gave (kept in the signed session token), else the bundled login's account name."""
-    name = str(getattr(user, "display_name", None) or "").strip()
+    name = str(claims.get("display_name") or "").strip()
     provider, _, subject = user_id.partition(":")
     if not name and provider == LOCAL_PROVIDER_ID and runtime.accounts is not None:
         account = await runtime.accounts.get_by_subject(subject)
@@ -180,10 +115,8 @@ class WipeBody(BaseModel):
     confirm: str
 
 
-def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
-    """The memory page and its API; `runtime` returns the started worker (or raises RuntimeError)."""
-    global _runtime_source
-    _runtime_source = runtime
+def build_router() -> APIRouter:
+    """The memory page and its API."""
     router = APIRouter()
 
     @router.get("/memory", include_in_schema=False)
@@ -330,8 +263,8 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
         if body.confirm.strip().lower() != WIPE_PHRASE:
             raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
         report = await runtime.privacy.wipe_account(user_id)
-        await disconnect_user_sockets(user_id)
-        clear_auth_cookie(request, response)
+        await runtime.port.end_sessions(user_id)
+        runtime.port.sign_out(request, response)
         return {
             "wipe_id": report.wipe_id,
             "counts": report.counts,
@@ -462,7 +395,7 @@ async def _resume_paused(
     if outcome.status not in ("done", "paused"):
         raise HTTPException(status_code=503, detail=surface.errors[-1] if surface.errors else "")
     reply = outcome.reply or ""
-    await write_assistant_message(runtime.pool, thread_id, reply)
+    await runtime.port.append_reply(thread_id, reply)
     wanted = normalise_fact(str(asked.get("content", "")))
     stored = any(
         normalise_fact(m.content) == wanted for m in await _memory(runtime, user_id).all_memories()

@@ -1,15 +1,14 @@
 """The one door model text passes to reach a browser: every step, token and task title sent is sanitised.
 
-The policy lives here; ui/chainlit_patches.py puts it in Chainlit's way out (the emitter, task
+The policy lives here; ui/chainlit/patches/output.py puts it in Chainlit's way out (the emitter, task
 lists) and ui/data_layer.py applies it to what is stored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, cast
-
-from chainlit.step import StepDict
+from typing import Any, TypeVar, cast
 
 from graphs.core.text import without_controls
 from ui.render import RenderPolicy, origin_of, sanitise
@@ -44,9 +43,12 @@ def policy_for(step: Any) -> RenderPolicy:
     )
 
 
-def sanitise_step(step: StepDict) -> StepDict:
+StepT = TypeVar("StepT", bound=Mapping[str, Any])
+
+
+def sanitise_step(step: StepT) -> StepT:
     """A copy of a step dict (sent or stored) whose shown text is inert."""
-    clean = cast("dict[str, Any]", dict(step))
+    clean: dict[str, Any] = dict(step)
     policy = policy_for(clean)
     for key in ("output", "input"):
         if isinstance(value := clean.get(key), str) and value:
@@ -54,7 +56,7 @@ def sanitise_step(step: StepDict) -> StepDict:
     if isinstance(name := clean.get("name"), str):
         # A tool's or a plan step's name is the model's text too (shown as plain text).
         clean["name"] = without_controls(name)
-    return cast("StepDict", clean)
+    return cast("StepT", clean)
 
 
 def sanitise_text(text: str) -> str:

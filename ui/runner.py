@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from graphs.core.persistence import Pool
     from graphs.core.settings import Settings
     from graphs.core.tracing import Tracing
+    from graphs.memory.jobs import MemoryJobs
 
 log = logging.getLogger("cairn.turns")
 
@@ -106,9 +107,8 @@ class InterruptKind:
 
     name: str
     decisions: frozenset[str]
-    """The answers a button may send; anything else is refused before the graph sees it."""
-    render: Callable[[Interrupt, str], Awaitable[None]]
-    """Show the question with its buttons (given the interrupt and the thread id)."""
+    """The answers a button may send; anything else is refused before the graph sees it.
+    How the question looks in the chat is the Chainlit adapter's (ui/chainlit/agents/)."""
     resume_value: Callable[[str, dict[str, Any], Ask], Awaitable[Any]] = field(
         default=lambda decision, _value, _ask: _decision(decision)
     )
@@ -167,8 +167,6 @@ class AgentSpec:
     """build_graph(*, checkpointer, store, model=None)."""
     inputs: Callable[[str, str], dict[str, Any]]
     """The graph input for a user's message (text, message id)."""
-    view: Callable[[Context], View]
-    """A fresh view of one run in the chat."""
     interrupts: tuple[InterruptKind, ...] = ()
     stream_modes: tuple[StreamMode, ...] = ("updates",)
     """What the view needs besides `updates` (which the runner always takes, for interrupts)."""
@@ -177,9 +175,7 @@ class AgentSpec:
     each costs the runner a dispatch."""
     recursion_limit: Callable[[], int] = lambda: 25
     recursion_notice: str = RECURSION_NOTICE
-    restore: Callable[[StateSnapshot], Awaitable[None]] | None = None
-    """Show a reopened conversation's panels (task list, final status) from its state."""
-    after_turn: Callable[[Any, Context], Awaitable[None]] | None = None
+    after_turn: Callable[[Services, Context], Awaitable[None]] | None = None
     """Run off the reply's path after a finished or paused run (given the runner's services)."""
     memory_jobs: bool = False
     """Its conversations feed long-term memory: after a finished or paused run with memory on,
@@ -203,10 +199,24 @@ class AgentSpec:
         return next((k for k in self.interrupts if k.name == name), None)
 
 
+class Services(Protocol):
+    """What the runner hands after-turn work: the worker's memory jobs, if it runs them."""
+
+    @property
+    def memory_jobs(self) -> MemoryJobs | None: ...
+
+
 class Surface(Protocol):
     """Where a run's messages go: the chat session, or nowhere visible (an HTTP page)."""
 
-    def view(self, spec: AgentSpec, context: Context) -> View: ...
+    def view(self, spec: AgentSpec, context: Context) -> View:
+        """A fresh view of one run of the agent."""
+        ...
+
+    async def restore(self, spec: AgentSpec, state: StateSnapshot) -> None:
+        """Show a reopened conversation's panels (task list, final status) from its state."""
+        ...
+
     async def notice(self, text: str) -> None: ...
     async def refuse(self, text: str) -> None: ...
     async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
@@ -283,7 +293,7 @@ class Runner:
         graphs: Mapping[str, Any],
         threads: Threads,
         locks: RunLocks,
-        services: Any = None,
+        services: Services | None = None,
         journal: RunJournal | None = None,
         stale_s: float = STALE_S,
         tracing: Tracing | None = None,
@@ -532,8 +542,7 @@ class Runner:
         if graph is None:
             return RunOutcome("refused", owned=owned)
         state = await graph.aget_state(_config(thread_id, spec))
-        if spec.restore is not None:
-            await spec.restore(state)
+        await surface.restore(spec, state)
         if await self.run_lost(thread_id):
             await surface.failed(RUN_LOST, thread_id=thread_id)
         interrupts = list(state.interrupts)
@@ -734,7 +743,7 @@ class Runner:
         if outcome.status in ("done", "paused"):
             if spec.memory_jobs:
                 self._in_background(self._schedule_memory_job(context))
-            if spec.after_turn is not None:
+            if spec.after_turn is not None and self.services is not None:
                 self._in_background(spec.after_turn(self.services, context))
         return outcome
 
@@ -872,7 +881,7 @@ class Runner:
 
     async def _schedule_memory_job(self, context: Context) -> None:
         """Off the reply's path: push back this thread's debounced memory job."""
-        jobs = getattr(self.services, "memory_jobs", None)
+        jobs = self.services.memory_jobs if self.services is not None else None
         if jobs is not None and context.memory:
             await jobs.message_arrived(user_id=context.user_id, thread_id=context.thread_id)
 

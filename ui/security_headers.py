@@ -80,18 +80,3 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
-
-
-def chainlit_policy(public_url: str, image_origins: Iterable[str]) -> Callable[[], str]:
-    """The policy for Chainlit's UI, built at the first response (when Chainlit's page is final)."""
-    origins = list(image_origins)
-
-    def build() -> str:
-        from chainlit.server import get_html_template
-
-        page = get_html_template("")
-        return content_security_policy(
-            public_url, image_origins=origins, script_sources=script_hashes(page)
-        )
-
-    return build

@@ -39,15 +39,15 @@ from graphs.core.timetravel import (
     visible,
     writer_node,
 )
-from ui.chainlit_patches import write_assistant_message
-from ui.memory_page import Checked, Runtime
+from ui.memory_page import Checked
+from ui.runtime import Runtime
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
 
     from auth.ownership import OwnedThread
-    from ui.memory_page import AppRuntime
+    from ui.runtime import AppRuntime
 
 log = logging.getLogger("cairn.support")
 
@@ -275,8 +275,7 @@ async def _fork(
         raise HTTPException(status_code=409, detail=surface.errors[-1])
     if outcome.status in ("not_found", "refused"):
         raise HTTPException(status_code=404, detail=NOT_FOUND)
-    await write_assistant_message(
-        runtime.pool,
+    await runtime.port.append_reply(
         thread_id,
         FORK_NOTICE.format(reason=body.reason.strip()[:200])
         + (f"\n\n{outcome.reply}" if outcome.reply else ""),

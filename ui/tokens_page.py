@@ -19,7 +19,8 @@ from auth.identity import CurrentUserId, flag_client_identity
 from auth.tokens import TokenLimits
 from ui.mcp_server import PATH as MCP_PATH
 from ui.mcp_server import pre_approvable, token_scopes
-from ui.memory_page import Checked, Runtime
+from ui.memory_page import Checked
+from ui.runtime import AppRuntime, Runtime
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -44,8 +45,8 @@ class CreateBody(BaseModel):
     max_model_calls: Annotated[int, Field(ge=1)] | None = None
 
 
-def _tokens(runtime: Any) -> AccessTokens:
-    tokens: AccessTokens | None = getattr(runtime, "tokens", None)
+def _tokens(runtime: AppRuntime) -> AccessTokens:
+    tokens = runtime.tokens
     if tokens is None:
         raise HTTPException(status_code=503, detail="Cairn is still starting")
     return tokens

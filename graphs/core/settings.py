@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     production: bool = False
     """Production mode: refuses the bundled login, generated secrets and wildcard origins."""
 
+    host: str = "127.0.0.1"
+    """The address this worker listens on (`python -m app`)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """The port this worker listens on (`python -m app`, `make run PORT=...`)."""
+
     public_url: str | None = None
     """Address users open in their browser; OAuth redirects are built from it.
     Unset: http://localhost:<port the app listens on>."""

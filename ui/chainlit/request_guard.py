@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from auth.sessions import token_claims
-from ui.chainlit_patches import has_nul, is_session_id
+from ui.chainlit.patches.sockets import has_nul, is_session_id
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send

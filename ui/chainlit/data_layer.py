@@ -1,7 +1,7 @@
 """Chainlit's conversation store on the app's shared psycopg pool, with thread owners that never change.
 
 Chainlit's documented extension point (`cl.data_layer`), so it stays out of
-ui/chainlit_patches.py; the Chainlit 2.12.0 code it overrides or copies is pinned by
+ui/chainlit/patches/; the Chainlit 2.12.0 code it overrides or copies is pinned by
 tests/unit/test_chainlit_patches.py like the patches are.
 """
 
@@ -418,25 +418,35 @@ class PostgresDataLayer(ChainlitDataLayer):
         """The pool belongs to the app, which closes it on shutdown."""
 
 
-async def append_message(pool: Pool, thread_id: str, text: str, *, author: str = "Cairn") -> None:
+_APPEND = (
+    'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+    '"endTime", "createdAt", "showInput", "isError") '
+    "SELECT %(id)s, id, %(author)s, 'assistant_message', %(text)s, '{}', t, t, t, 'json', false "
+    "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %(thread)s"
+)
+_NOT_LAST = (
+    ' AND %(text)s IS DISTINCT FROM (SELECT s.output FROM "Step" s '
+    "WHERE s.\"threadId\" = %(thread)s AND s.type = 'assistant_message' "
+    'ORDER BY s."createdAt" DESC LIMIT 1)'
+)
+
+
+async def append_message(
+    pool: Pool, thread_id: str, text: str, *, author: str = "Cairn", once: bool = False
+) -> None:
     """A message added to a stored conversation from outside a live chat session (a run
-    finished on behalf of a user who is not connected to this worker). Chainlit's data layer
-    records steps only inside a session, so the row is written here, after the thread's
-    other steps; it is sanitised on read like every stored step."""
+    finished on behalf of a user who is not connected, a page's answer to a paused question).
+
+    Chainlit's data layer records steps only inside a live session (data/utils.py
+    `queue_until_user_message`), so the row is written here, after the thread's other steps;
+    it is sanitised on read like every stored step. The only writer of step rows outside
+    `PostgresDataLayer`. `once`: not when the thread already ends on this reply.
+    """
     if not text:
         return
-    async with fenced(pool) as conn:
-        # Not twice: a run found finished after its worker stopped may have delivered it.
-        await conn.execute(
-            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
-            '"endTime", "createdAt", "showInput", "isError") '
-            "SELECT %s, id, %s, 'assistant_message', %s, '{}', t, t, t, 'json', false "
-            "FROM \"Thread\", (SELECT now() AT TIME ZONE 'UTC' AS t) AS now_utc WHERE id = %s "
-            'AND %s IS DISTINCT FROM (SELECT s.output FROM "Step" s '
-            "WHERE s.\"threadId\" = %s AND s.type = 'assistant_message' "
-            'ORDER BY s."createdAt" DESC LIMIT 1)',
-            (str(uuid.uuid4()), author, text, thread_id, text, thread_id),
-        )
+    params = {"id": str(uuid.uuid4()), "author": author, "text": text, "thread": thread_id}
+    async with fenced(pool) as conn:  # refused once the user's data was wiped
+        await conn.execute(_APPEND + (_NOT_LAST if once else ""), params)
 
 
 async def add_outside_turn(

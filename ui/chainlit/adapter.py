@@ -1,0 +1,128 @@
+"""Chainlit as one mounted adapter: configured from Cairn's settings, patched, its hooks wired to
+this worker's handlers, and mounted into the app (chainlit.utils.mount_chainlit, Chainlit's
+documented FastAPI integration). Also the chat port (ui/port.py) the rest of the app uses."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import HTTPException
+
+from graphs.core.runlock import ThreadBusy
+from ui.agents import AGENTS
+from ui.chainlit import config, hooks, patches
+from ui.chainlit.agents import discover
+from ui.chainlit.chat import ChatHandlers
+from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
+from ui.chainlit.identity import clear_session_cookie
+from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
+from ui.chainlit.patches.sessions import disconnect_user_sockets, enter_live_session
+from ui.chainlit.request_guard import RequestGuard
+
+__all__ = ["ChainlitChat", "RequestGuard", "bundled_sign_in", "mount"]
+from ui.chainlit.surface import ChatSurface
+from ui.memory_page import STILL_RUNNING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from graphs.core.persistence import Pool
+    from graphs.core.settings import Settings
+    from ui.chainlit.agents import Presentations
+    from ui.runner import Surface
+    from ui.runtime import AppRuntime
+
+log = logging.getLogger("cairn")
+
+CHAINLIT_PATH = "/"
+"""Chainlit is mounted at the root: its UI, socket and thread routes keep the URLs users and
+tests know. Every route of Cairn's own is matched before it."""
+
+
+class ChainlitChat:
+    """The chat port (ui/port.py `ChatPort`) on Chainlit."""
+
+    def __init__(self, pool: Pool, presentations: Presentations) -> None:
+        self.pool = pool
+        self.presentations = presentations
+
+    async def append_reply(
+        self, thread_id: str, text: str, *, author: str = "Cairn", once: bool = False
+    ) -> None:
+        await append_message(self.pool, thread_id, text, author=author, once=once)
+
+    async def add_outside_turn(
+        self, *, thread_id: str, user_id: str, profile: str, text: str
+    ) -> None:
+        await add_outside_turn(
+            self.pool, thread_id=thread_id, user_id=user_id, profile=profile, text=text
+        )
+
+    async def end_sessions(self, user_id: str) -> int:
+        return await disconnect_user_sockets(user_id)
+
+    def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
+        if not enter_live_session(thread_id=thread_id, user_id=user_id):
+            return None
+        return ChatSurface(self.presentations, signals_task=True)
+
+    def sign_out(self, request: Request, response: Response) -> None:
+        clear_session_cookie(request, response)
+
+
+def bundled_sign_in(
+    settings: Settings, *, public_url: str, internal_url: str, auth_secret: str
+) -> LocalOIDCProvider | None:
+    """Offer the bundled sign-in (auth/local_oidc.py) when no real OAuth provider is set."""
+    return register_local_provider(
+        settings, public_url=public_url, internal_url=internal_url, auth_secret=auth_secret
+    )
+
+
+def mount(
+    app: FastAPI,
+    *,
+    settings: Settings,
+    public_url: str,
+    auth_secret: str,
+    origins: Sequence[str],
+    runtime: Callable[[], AppRuntime],
+    pool: Pool,
+) -> ChainlitChat:
+    """Configure, patch and mount Chainlit; returns the chat port. Call once per app, after
+    the bundled sign-in (if any) is registered and before the app serves."""
+    from chainlit.utils import mount_chainlit
+
+    config.configure(settings, public_url=public_url, auth_secret=auth_secret, origins=origins)
+    patches.install(files_parent=settings.data_dir / "files", origins=origins)
+    presentations = discover(AGENTS)
+
+    async def delete_thread_data(thread_id: str) -> None:
+        await _delete_thread_data(runtime(), thread_id)
+
+    hooks.register(
+        ChatHandlers(runtime, AGENTS, presentations),
+        data_layer=lambda: PostgresDataLayer(pool, on_delete=delete_thread_data),
+    )
+    mount_chainlit(app, target=str(Path(hooks.__file__).resolve()), path=CHAINLIT_PATH)
+    return ChainlitChat(pool, presentations)
+
+
+async def _delete_thread_data(runtime: AppRuntime, thread_id: str) -> None:
+    """Chainlit's sidebar delete (after its author check): everything a conversation left
+    outside Chainlit's rows, which Chainlit deletes itself. Memories learned from it stay;
+    the memory page's delete can forget them too."""
+    owner = await runtime.privacy.owner_of(thread_id)
+    if owner is not None:
+        try:
+            await runtime.privacy.purge_thread(owner, thread_id, forget=False, chainlit=False)
+        except ThreadBusy:
+            # Raised before Chainlit deletes its rows: the conversation stays whole.
+            raise HTTPException(status_code=409, detail=STILL_RUNNING) from None
+    log.info("deleted conversation %s", thread_id)

@@ -1,0 +1,109 @@
+"""How each agent looks in the chat: one module per agent with widgets, declaring `PRESENTATION`.
+
+An agent whose runs need no widgets of their own needs no module here: its view is the plain
+streamed reply (`PlainView`). Found by name like the specs in ui/agents/.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ui.chainlit.surface import new_reply
+
+if TYPE_CHECKING:
+    from langgraph.types import Interrupt, StateSnapshot
+
+    from graphs.core.context import Context
+    from ui.runner import AgentSpec, LoadState, Status, View
+
+Render = Callable[["Interrupt", str], Awaitable[None]]
+"""Show a question with its buttons (given the interrupt and the thread id)."""
+
+
+@dataclass(frozen=True)
+class Presentation:
+    """The chat side of one agent (its headless spec is ui/agents/<key>.py)."""
+
+    key: str
+    """The agent's `AgentSpec.key`."""
+    view: Callable[[Context], View]
+    """A fresh view of one run in the chat."""
+    questions: Mapping[str, Render] = field(default_factory=dict)
+    """How each of the agent's interrupt kinds (by name) is asked."""
+    restore: Callable[[StateSnapshot], Awaitable[None]] | None = None
+    """Show a reopened conversation's panels (task list, final status) from its state."""
+
+
+class PlainView:
+    """An agent without a presentation module: its reply, streamed, and nothing else."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.reply: Any = None
+        self.first_token_at: float | None = None
+
+    async def begin(self, load_state: LoadState) -> None:
+        return None
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        return None
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        return None
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        return None
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        if status != "done":
+            return None
+        text = self.spec.reply_text((await load_state()).values)
+        if text:
+            self.reply = new_reply()
+            self.reply.content = text
+            await self.reply.send()
+        return text
+
+
+class Presentations:
+    """Every agent's presentation, by agent key; an agent without one gets `PlainView`."""
+
+    def __init__(self, specs: tuple[AgentSpec, ...], found: tuple[Presentation, ...]) -> None:
+        keys = {spec.key for spec in specs}
+        unknown = [p.key for p in found if p.key not in keys]
+        if unknown:
+            msg = f"presentations for agents that do not exist: {unknown}"
+            raise ValueError(msg)
+        self._specs = {spec.key: spec for spec in specs}
+        self._by_key = {p.key: p for p in found}
+        self._questions: dict[str, Render] = {}
+        for presentation in found:
+            for name, render in presentation.questions.items():
+                if name in self._questions:
+                    msg = f"two agents ask a question named {name!r}"
+                    raise ValueError(msg)
+                self._questions[name] = render
+
+    def of(self, key: str) -> Presentation:
+        found = self._by_key.get(key)
+        if found is not None:
+            return found
+        spec = self._specs[key]
+        return Presentation(key=key, view=lambda _context: PlainView(spec))
+
+    def question(self, kind: str) -> Render | None:
+        return self._questions.get(kind)
+
+
+def discover(specs: tuple[AgentSpec, ...]) -> Presentations:
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        presentation = getattr(module, "PRESENTATION", None)
+        if isinstance(presentation, Presentation):
+            found.append(presentation)
+    return Presentations(specs, tuple(found))

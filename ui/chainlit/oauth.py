@@ -1,0 +1,79 @@
+"""Chainlit's OAuth hooks: the verified login becomes Chainlit's session user, and the bundled
+OpenID Connect provider (auth/local_oidc.py) is offered when no real provider is configured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from chainlit import oauth_providers
+from chainlit.oauth_providers import GenericOAuthProvider
+from chainlit.user import User
+
+from auth.oauth import (
+    LOCAL_CLIENT_ID,
+    LOCAL_IN_PRODUCTION,
+    LOCAL_PROVIDER_ID,
+    local_client_secret,
+    verified_user,
+)
+
+if TYPE_CHECKING:
+    from graphs.core.settings import Settings
+
+
+async def oauth_callback(
+    provider_id: str,
+    token: str,
+    raw_user_data: dict[str, Any],
+    default_user: User,
+    id_token: str | None = None,
+) -> User | None:
+    """Chainlit's hook after a provider verified the login: build the session user."""
+    user = verified_user(provider_id, raw_user_data)
+    if user is None:
+        return None
+    return User(identifier=user.identifier, display_name=user.display_name, metadata=user.metadata)
+
+
+class LocalOIDCProvider(GenericOAuthProvider):
+    """Chainlit's generic OAuth client pointed at the app's bundled OpenID Connect provider."""
+
+    id = LOCAL_PROVIDER_ID
+    env = []  # noqa: RUF012 (the base class declares it as a plain attribute)
+
+    def __init__(self, *, public_issuer: str, internal_issuer: str, client_secret: str) -> None:
+        self.client_id = LOCAL_CLIENT_ID
+        self.client_secret = client_secret
+        self.authorize_url = f"{public_issuer}/authorize"
+        # The token and userinfo calls come from this server, so they use its own address.
+        self.token_url = f"{internal_issuer}/token"
+        self.user_info_url = f"{internal_issuer}/userinfo"
+        self.scopes = "openid profile email"
+        self.user_identifier = "sub"
+        self.authorize_params = {"scope": self.scopes, "response_type": "code"}
+
+    def is_configured(self) -> bool:
+        return True
+
+
+def real_providers_configured() -> bool:
+    return any(p.is_configured() for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID)
+
+
+def register_local_provider(
+    settings: Settings, *, public_url: str, internal_url: str, auth_secret: str
+) -> LocalOIDCProvider | None:
+    """Enable the bundled provider unless a real one is configured; never in production."""
+    if real_providers_configured():
+        return None
+    if settings.production:
+        raise ValueError(LOCAL_IN_PRODUCTION)
+    provider = LocalOIDCProvider(
+        public_issuer=f"{public_url}/local-oidc",
+        internal_issuer=f"{internal_url}/local-oidc",
+        client_secret=local_client_secret(auth_secret),
+    )
+    oauth_providers.providers[:] = [
+        p for p in oauth_providers.providers if p.id != LOCAL_PROVIDER_ID
+    ] + [provider]
+    return provider

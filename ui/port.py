@@ -1,0 +1,44 @@
+"""The one port through which pages, MCP and recovery reach the chat; the Chainlit adapter
+(ui/chainlit/adapter.py) implements it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from ui.runner import Surface
+
+
+class ChatPort(Protocol):
+    """What the rest of the app may do to the chat, with no chat framework in sight."""
+
+    async def append_reply(
+        self, thread_id: str, text: str, *, author: str = "Cairn", once: bool = False
+    ) -> None:
+        """Add a reply to a stored conversation, outside any live chat session (a run answered
+        from a page, resumed for a user not connected). `once`: not when the conversation
+        already ends on the same reply (a resumed run may have delivered it)."""
+        ...
+
+    async def add_outside_turn(
+        self, *, thread_id: str, user_id: str, profile: str, text: str
+    ) -> None:
+        """A message sent from outside the chat (MCP): the conversation appears in the user's
+        sidebar, opening in the agent's profile, with the message in it."""
+        ...
+
+    async def end_sessions(self, user_id: str) -> int:
+        """Close this worker's live chat connections of the user; how many there were."""
+        ...
+
+    def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
+        """The user's open chat of that conversation on this worker, as the surface a resumed
+        run streams into; None when they have none open here."""
+        ...
+
+    def sign_out(self, request: Request, response: Response) -> None:
+        """Clear the session cookie on the response (the server-side cut-off is auth's)."""
+        ...
