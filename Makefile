@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/chainlit run app.py --headless --host 127.0.0.1 --port $(PORT)
+	$(BIN)/python -m app --host 127.0.0.1 --port $(PORT)
 
 # N workers on one Postgres behind nginx on this machine (deploy/cluster.py); open
 # http://localhost:$(CLUSTER_PORT). CAIRN_DATABASE_URL / CAIRN_AUTH_SECRET are used if set.

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn")
 
+STARTUP_FAILED = 3
+"""The exit status of a worker whose start-up failed (uvicorn's), for a supervisor to restart it."""
+
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """One worker's app. Nothing starts until its lifespan: the pool opens, the schema is set
@@ -58,8 +61,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start(state)
-        await mcp.start()
+        try:
+            await runtime.start(state)
+            await mcp.start()
+        except Exception:
+            # uvicorn then exits with STARTUP_FAILED before it opens the port.
+            log.critical(
+                "Cairn could not start and exits (status %d)", STARTUP_FAILED, exc_info=True
+            )
+            await runtime.stop(state)
+            raise
         try:
             yield
         finally:

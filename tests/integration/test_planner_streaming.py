@@ -12,7 +12,7 @@ from graphs.core.models import chat_model
 from graphs.planner.graph import structured
 from graphs.planner.state import Act, Response
 from tests.integration.test_openai_client import FakeOpenAI, _settings, server  # noqa: F401
-from ui.agents.planner import AnswerStream
+from ui.chainlit.agents.planner import AnswerStream
 
 pytestmark = pytest.mark.integration
 

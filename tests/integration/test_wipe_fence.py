@@ -31,7 +31,7 @@ from graphs.memory.scoped import ScopedMemory
 from graphs.tools.fetchlog import FetchRecord, PostgresFetchLog
 from tests.integration.test_memory_jobs import db, memory_jobs_running
 from tests.integration.test_privacy import chainlit_thread, learned, new_id, scalar
-from ui.data_layer import PostgresDataLayer, append_message
+from ui.chainlit.data_layer import PostgresDataLayer, append_message
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from typing import Any
 import chainlit as cl
 import pytest
 
-from ui.actions import ActionRejected, RetryPayload, parse_payload
+from ui.chainlit.actions import ActionRejected, RetryPayload, parse_payload
 
 SESSION_THREAD = "thread-of-this-session"
 

@@ -11,8 +11,9 @@ from langchain_core.messages.tool import tool_call
 
 from tests.fakes import ScriptedChatModel
 from tests.unit.test_runner import RecordingSurface, make_runner, send
-from ui.agents import assistant
-from ui.agents.assistant import AssistantView, recall_output
+from ui.agents.assistant import SPEC as ASSISTANT
+from ui.chainlit.agents import assistant
+from ui.chainlit.agents.assistant import AssistantView, recall_output
 
 shown: list[Any] = []
 
@@ -75,7 +76,7 @@ async def test_each_tool_step_shows_the_tool_its_arguments_and_the_codes_verdict
             "I will remember that.",
         ]
     )
-    runner = make_runner(assistant.SPEC, model=model)
+    runner = make_runner(ASSISTANT, model=model)
 
     await send(runner, ChatSpecSurface(), "remember that my card number is 4111 1111 1111 1111")
 
@@ -130,10 +131,10 @@ async def test_the_sensitive_memory_question_names_the_category_as_people_read_i
 async def test_in_a_temporary_chat_the_recall_step_says_memory_is_off(fake_chat):
     from graphs.core.context import Context
 
-    view = assistant.SPEC.view(Context(user_id="u", thread_id="t", memory=False))
+    view = assistant.PRESENTATION.view(Context(user_id="u", thread_id="t", memory=False))
     await view.task((), {"id": "r1", "name": "recall_memories", "input": {}, "triggers": []})
     await view.task((), {"id": "r1", "name": "recall_memories", "result": {"recalled": []}})
-    on = assistant.SPEC.view(Context(user_id="u", thread_id="t2", memory=True))
+    on = assistant.PRESENTATION.view(Context(user_id="u", thread_id="t2", memory=True))
     await on.task((), {"id": "r2", "name": "recall_memories", "input": {}, "triggers": []})
     await on.task((), {"id": "r2", "name": "recall_memories", "result": {"recalled": []}})
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import subprocess
 import sys
 import uuid
@@ -23,151 +22,88 @@ import chainlit.server
 import chainlit.socket
 import chainlit.utils
 import pytest
-from chainlit.context import ChainlitContext, init_ws_context
-from chainlit.data.chainlit_data_layer import ChainlitDataLayer
-from chainlit.message import Message
+from chainlit.context import init_ws_context
 from chainlit.session import BaseSession, WebsocketSession
-from chainlit.step import Step
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
-from ui import chainlit_patches
-from ui.chainlit_patches import (
+from ui.chainlit import adapter, data_layer, request_guard, surface
+from ui.chainlit import config as chainlit_settings
+from ui.chainlit.patches import (
+    CHAINLIT_VERSION,
+    acl,
+    clock,
+    edits,
+    install,
+    output,
+    sessions,
+    sockets,
+    uploads,
+)
+from ui.chainlit.patches.output import SanitisingEmitter
+from ui.chainlit.patches.sockets import (
     MALFORMED,
     SOCKET_EVENTS,
-    SanitisingEmitter,
     check_ask_answer,
     is_session_id,
 )
-from ui.request_guard import RULES
-
-SOCKETS = "the socket guards (guard_socket_events) in ui/chainlit_patches.py"
-UPLOADS = "relocate_files in ui/chainlit_patches.py"
-ROUTES = "the route rules in ui/request_guard.py"
-SETTINGS = "configure_chainlit in ui/chainlit_patches.py"
-CLOCK = "SpacedClock / space_out_steps in ui/chainlit_patches.py"
-ACL = "require_thread_author in ui/chainlit_patches.py"
-OUTPUT = "guard_output / SanitisingEmitter in ui/chainlit_patches.py"
-HELPERS = "the helper named in ui/chainlit_patches.py"
-DATA_LAYER = "the copy of it in ui/data_layer.py (PostgresDataLayer)"
-REPLY = "Reply in ui/surface.py (coalesced streaming over Chainlit's Message)"
-EDITS = "route_message_edits in ui/chainlit_patches.py (and ui/chat.edit_message)"
+from ui.chainlit.request_guard import RULES
 
 # Chainlit's emitter as it ships (chainlit.emitter.ChainlitEmitter is ours once installed).
 _Emitter = SanitisingEmitter.__bases__[0]
 
-CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
-    "socket.connect": (chainlit.socket.connect, "00ce35b669efa6f8", SOCKETS),
-    "socket.process_message": (chainlit.socket.process_message, "7002f6fd6cadca2f", SOCKETS),
-    "socket.edit_message": (chainlit.socket.edit_message, "ba23f62f2a509ee9", EDITS),
-    "emitter.process_message": (_Emitter.process_message, "ffb867621e1b52c8", SOCKETS),
-    "emitter.send_ask_user": (
-        _Emitter.send_ask_user,
-        "405cea5c280aed1d",
-        SOCKETS + ", task_signals",
-    ),
-    "session.files_dir": (BaseSession.files_dir.fget, "97c55ce5b37ab2b8", UPLOADS),
-    "session.WebsocketSession.delete": (WebsocketSession.delete, "b6a06e7409d9fdba", UPLOADS),
-    "server.lifespan": (chainlit.server.lifespan, "7622975e70facb8a", UPLOADS),
-    "utils.wrap_user_function": (
-        chainlit.utils.wrap_user_function,
-        "7c2ff0eb452953a3",
-        "exit_if_startup_fails in ui/chainlit_patches.py",
-    ),
-    "server.call_action": (chainlit.server.call_action, "1db36f6a1d296df1", ROUTES),
-    "server.upload_file": (chainlit.server.upload_file, "0e1d81cae2398ee8", ROUTES),
-    "server.get_file": (chainlit.server.get_file, "087b45142fefe873", ROUTES),
-    "server.update_feedback": (chainlit.server.update_feedback, "1ca022629ec82755", ROUTES),
-    "server.delete_feedback": (chainlit.server.delete_feedback, "d918421add44e2f7", ROUTES),
-    "server.set_session_cookie": (chainlit.server.set_session_cookie, "0b26b9f18f536f6c", ROUTES),
-    "server.share_thread": (chainlit.server.share_thread, "5c89b2441303a185", ROUTES),
-    "server.delete_thread_element": (
-        chainlit.server.delete_thread_element,
-        "e6acea6dfecfa4d8",
-        ROUTES,
-    ),
-    "server.update_thread_element": (
-        chainlit.server.update_thread_element,
-        "9683b313b3741b17",
-        ROUTES,
-    ),
-    "auth.jwt.get_jwt_secret": (chainlit.auth.jwt.get_jwt_secret, "28793c0c2967bfc8", SETTINGS),
-    "server.get_user_facing_url": (
-        chainlit.server.get_user_facing_url,
-        "94fc4ff9015031c8",
-        SETTINGS,
-    ),
-    "server.serve": (chainlit.server.serve, "45a04359a4ae33b0", "mount_before_catch_all"),
-    "step.Step.__init__": (Step.__init__, "7ca45b864880c2c5", CLOCK),
-    "message.Message.__init__": (Message.__init__, "c6a39c3ae85d8df3", CLOCK),
-    "context.init_ws_context": (
-        init_ws_context,
-        "c3d4ceaec38b2fd6",
-        "enter_live_session in ui/chainlit_patches.py",
-    ),
-    "message.MessageBase.stream_token": (Message.stream_token, "eafad86fddd936dd", REPLY),
-    "message.Message.send": (Message.send, "cac98893ff2f1ead", REPLY),
-    "message.Message.update": (Message.update, "e70206606d0113d8", REPLY),
-    "message.MessageBase.remove": (Message.remove, "a0424e92d878704f", REPLY),
-    "data.acl.is_thread_author": (chainlit.data.acl.is_thread_author, "522c3ed9c195fc54", ACL),
-    "context.ChainlitContext.__init__": (ChainlitContext.__init__, "db4773091d52bf7c", OUTPUT),
-    "emitter.send_step": (_Emitter.send_step, "0e6ea166c8cd61d8", OUTPUT),
-    "emitter.update_step": (_Emitter.update_step, "9f1d88f4d70d73ef", OUTPUT),
-    "emitter.stream_start": (_Emitter.stream_start, "57cc98ddf3106063", OUTPUT),
-    "emitter.send_token": (_Emitter.send_token, "2783e8a7947f8c6b", OUTPUT),
-    "element.TaskList.preprocess_content": (
-        chainlit_patches.CHAINLIT_TASK_CONTENT,
-        "ca9e5fd7b52bbbaf",
-        OUTPUT,
-    ),
-    "emitter.task_start": (_Emitter.task_start, "8ef945646a14e8be", "task_signals"),
-    "emitter.task_end": (_Emitter.task_end, "bfb2c3a2969eccff", "task_signals"),
-    "session.WebsocketSession.__init__": (
-        WebsocketSession.__init__,
-        "497d8ea08531b384",
-        "disconnect_user_sockets",
-    ),
-    "data.utils.queue_until_user_message": (
-        chainlit.data.utils.queue_until_user_message,
-        "c5da8ad58a521aa7",
-        "write_assistant_message, " + DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.create_step": (
-        ChainlitDataLayer.create_step,
-        "f3794927dffc7ddb",
-        "write_assistant_message, " + DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.delete_step": (
-        ChainlitDataLayer.delete_step,
-        "871d76ad60d04a90",
-        DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.update_thread": (
-        ChainlitDataLayer.update_thread,
-        "00154d047c1e7f26",
-        DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.get_thread_author": (
-        ChainlitDataLayer.get_thread_author,
-        "d8fc90def8c0ed72",
-        DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.get_thread": (
-        ChainlitDataLayer.get_thread,
-        "4f41f49c86cbf01f",
-        DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.delete_thread": (
-        ChainlitDataLayer.delete_thread,
-        "2e50738dd0c43185",
-        DATA_LAYER,
-    ),
-    "data.ChainlitDataLayer.execute_query": (
-        ChainlitDataLayer.execute_query,
-        "071081a3100fe41a",
-        DATA_LAYER,
-    ),
+PINNED_BY = {
+    "ui/chainlit/patches/sockets.py": sockets.SOCKET_PINS,
+    "ui/chainlit/patches/edits.py": edits.EDIT_PINS,
+    "ui/chainlit/patches/uploads.py": uploads.UPLOAD_PINS,
+    "ui/chainlit/patches/clock.py": clock.CLOCK_PINS,
+    "ui/chainlit/patches/acl.py": acl.ACL_PINS,
+    "ui/chainlit/patches/output.py": output.OUTPUT_PINS,
+    "ui/chainlit/patches/sessions.py": sessions.SESSION_PINS,
+    "ui/chainlit/request_guard.py": request_guard.ROUTE_PINS,
+    "ui/chainlit/config.py": chainlit_settings.CONFIG_PINS,
+    "ui/chainlit/surface.py (Reply)": surface.REPLY_PINS,
+    "ui/chainlit/data_layer.py": data_layer.DATA_LAYER_PINS,
+    "ui/chainlit/adapter.py": adapter.ADAPTER_PINS,
 }
-"""The Chainlit code Cairn patches, copies or relies on, as of 2.12.0, and the patch to re-check."""
+"""Each module that patches, copies or relies on Chainlit's internals, with its own pins."""
+
+_ORIGINALS: dict[str, Any] = {
+    "chainlit.emitter.ChainlitEmitter": _Emitter,
+    "chainlit.element.TaskList.preprocess_content": output.CHAINLIT_TASK_CONTENT,
+}
+"""Names an installed patch replaces: their pins are of the Chainlit code as shipped."""
+
+
+def resolve(name: str) -> Callable[..., Any]:
+    """The function a qualified name pins (a property's getter; Chainlit's own where patched)."""
+    import importlib
+
+    for prefix, original in _ORIGINALS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            found: Any = original
+            for part in name[len(prefix) :].split(".")[1:]:
+                found = inspect.getattr_static(found, part)
+            return found.fget if isinstance(found, property) else found
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            found = inspect.getattr_static(found, part)
+        return found.fget if isinstance(found, property) else found
+    msg = f"cannot resolve {name}"
+    raise LookupError(msg)
+
+
+CHECKED_SOURCE: dict[str, tuple[Callable[..., Any], str, str]] = {
+    name: (resolve(name), digest, module)
+    for module, pins in PINNED_BY.items()
+    for name, digest in pins.items()
+}
+"""The Chainlit code Cairn patches, copies or relies on, as of CHAINLIT_VERSION, and the module
+to re-check when it changes."""
 
 
 def source_digest(function: Callable[..., Any]) -> str:
@@ -176,9 +112,9 @@ def source_digest(function: Callable[..., Any]) -> str:
 
 
 def test_chainlit_is_the_version_the_patches_were_checked_against():
-    assert chainlit.__version__ == chainlit_patches.CHAINLIT_VERSION, (
-        "Chainlit was upgraded: re-check every patch in ui/chainlit_patches.py, then update "
-        "CHAINLIT_VERSION and the digests in this test"
+    assert chainlit.__version__ == CHAINLIT_VERSION, (
+        "Chainlit was upgraded: re-check every module in PINNED_BY, then update "
+        "CHAINLIT_VERSION (ui/chainlit/patches/__init__.py) and the modules' pins"
     )
 
 
@@ -191,10 +127,10 @@ def test_the_patched_chainlit_code_is_unchanged(name):
 
 
 def test_a_changed_chainlit_function_fails_the_check():
-    def serve(request):  # the same name as Chainlit's catch-all, another body
+    def get_file(request):  # the same name as Chainlit's file route, another body
         return None
 
-    assert source_digest(serve) != CHECKED_SOURCE["server.serve"][1]
+    assert source_digest(get_file) != CHECKED_SOURCE["chainlit.server.get_file"][1]
 
 
 def test_every_socket_event_chainlit_registers_has_a_check():
@@ -257,7 +193,7 @@ def test_a_browser_session_id_is_one():
 @pytest.mark.parametrize("session_id", HOSTILE)
 async def test_connect_refuses_a_hostile_session_id_before_chainlit(session_id):
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     auth = {"sessionId": session_id, "clientType": "webapp", "threadId": ""}
     with pytest.raises(SocketRefused):
         await sio.handlers["/"]["connect"]("sid", {}, auth)
@@ -266,12 +202,11 @@ async def test_connect_refuses_a_hostile_session_id_before_chainlit(session_id):
 
 def test_files_go_to_a_private_folder_per_process(tmp_path, monkeypatch):
     monkeypatch.setattr(chainlit.config, "FILES_DIRECTORY", chainlit.config.FILES_DIRECTORY)
-    monkeypatch.setattr(chainlit.server, "FILES_DIRECTORY", chainlit.server.FILES_DIRECTORY)
-    first = chainlit_patches.relocate_files(tmp_path / "files")
-    second = chainlit_patches.relocate_files(tmp_path / "files")
+    first = uploads.relocate_files(tmp_path / "files")
+    second = uploads.relocate_files(tmp_path / "files")
     assert first != second
     assert first.parent == second.parent == tmp_path / "files"
-    assert second == chainlit.server.FILES_DIRECTORY  # type: ignore[attr-defined]
+    assert second == chainlit.config.FILES_DIRECTORY
     session = BaseSession(
         id=str(uuid.uuid4()),
         client_type="webapp",
@@ -286,7 +221,7 @@ def test_files_go_to_a_private_folder_per_process(tmp_path, monkeypatch):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from ui.chainlit_patches import claim_instance_folder
+from ui.chainlit.patches.uploads import claim_instance_folder
 print(claim_instance_folder(Path(sys.argv[1])), flush=True)
 time.sleep(600)
 """
@@ -296,8 +231,6 @@ def test_a_stale_folder_goes_and_a_live_siblings_stays(tmp_path: Path) -> None:
     """Folders are swept by lock, not by pid: a live process's survives, a killed one's goes."""
     import os
     import signal
-    import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[2]
     parent = tmp_path / "files"
@@ -319,11 +252,11 @@ def test_a_stale_folder_goes_and_a_live_siblings_stays(tmp_path: Path) -> None:
         legacy = parent / "instance-before-locks"
         legacy.mkdir()
 
-        assert chainlit_patches.sweep_stale_instances(parent) == []
+        assert uploads.sweep_stale_instances(parent) == []
         holders[1].send_signal(signal.SIGKILL)
         holders[1].wait(10)
 
-        assert chainlit_patches.sweep_stale_instances(parent) == [doomed]
+        assert uploads.sweep_stale_instances(parent) == [doomed]
         assert not doomed.exists()
         assert not doomed.with_name(doomed.name + ".lock").exists()
         assert (live / "upload.txt").read_text() == "in use"
@@ -344,27 +277,10 @@ def test_relocating_removes_chainlits_empty_folder_and_swept_ones(tmp_path, monk
     (parent / "instance-gone").mkdir()
     (parent / "instance-gone.lock").touch()  # no process holds it
 
-    folder = chainlit_patches.relocate_files(parent)
+    folder = uploads.relocate_files(parent)
 
     assert not chainlit_default.exists()
     assert sorted(p.name for p in parent.iterdir()) == sorted([folder.name, folder.name + ".lock"])
-
-
-async def test_a_failed_start_up_ends_the_process_instead_of_serving() -> None:
-    exits: list[int] = []
-
-    async def fails() -> None:
-        raise ConnectionError("database unreachable")
-
-    async def starts() -> None:
-        return None
-
-    await chainlit_patches.exit_if_startup_fails(starts, exit_process=exits.append)()
-    assert exits == []
-    await chainlit_patches.exit_if_startup_fails(fails, exit_process=exits.append)()
-    assert exits == [chainlit_patches.STARTUP_FAILED]
-    # Chainlit's wrapper reads the hook's parameters: the wrapped one still takes none.
-    assert list(inspect.signature(chainlit_patches.exit_if_startup_fails(fails)).parameters) == []
 
 
 class _FakeSio:
@@ -446,7 +362,7 @@ JUNK_MESSAGES = [
 @pytest.mark.parametrize("payload", JUNK_MESSAGES)
 async def test_a_malformed_client_message_never_reaches_chainlit(payload):
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == []
     assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
@@ -454,7 +370,7 @@ async def test_a_malformed_client_message_never_reaches_chainlit(payload):
 
 async def test_a_browser_message_reaches_chainlit():
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     payload = {"message": _step(), "fileReferences": [{"id": "f"}]}
     await sio.handlers["/"]["client_message"]("sid", payload)
     assert sio.calls == [("client_message", ("sid", payload))]
@@ -479,7 +395,7 @@ async def test_a_browser_message_reaches_chainlit():
 async def test_a_messages_metadata_keeps_only_the_page_address(metadata, stored):
     # Chainlit stores a message's metadata as the client sent it; the browser sends its address.
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["client_message"]("sid", {"message": _step(metadata=metadata)})
     [(_, (_, reached))] = sio.calls
     assert reached["message"]["metadata"] == stored
@@ -499,11 +415,11 @@ async def test_a_message_id_already_in_the_chat_is_refused_as_a_replay(
     # What Chainlit's process_message put in the chat (only the id is read).
     monkeypatch.setitem(chat_contexts, session.id, [SimpleNamespace(id=sent["id"])])
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
 
     await sio.handlers["/"]["client_message"]("sid", {"message": {**sent, "output": "rewritten"}})
     assert sio.calls == []
-    assert sio.emitted == [("toast", {"message": chainlit_patches.REPLAYED, "type": "error"})]
+    assert sio.emitted == [("toast", {"message": sockets.REPLAYED, "type": "error"})]
 
     new = {"message": _step(output="a new message")}
     await sio.handlers["/"]["client_message"]("sid", new)
@@ -513,7 +429,7 @@ async def test_a_message_id_already_in_the_chat_is_refused_as_a_replay(
 async def test_an_edit_is_refused_when_editing_is_turned_off(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(chainlit.config.config.features, "edit_message", False)
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["edit_message"]("sid", {"message": {"id": "x", "output": "y"}})
     assert sio.calls == []
 
@@ -521,7 +437,7 @@ async def test_an_edit_is_refused_when_editing_is_turned_off(monkeypatch: pytest
 @pytest.mark.parametrize("payload", [{"message": {"id": 5, "output": "y"}}, {"message": "x"}, {}])
 async def test_a_malformed_edit_never_reaches_the_edit_handler(payload):
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["edit_message"]("sid", payload)
     assert sio.calls == []
 
@@ -549,9 +465,9 @@ async def test_stop_cancels_an_edits_run_as_it_does_a_messages(
             cancelled.append(text)
             raise
 
-    monkeypatch.setattr(chainlit_patches, "_edit_handler", long_edit)
+    monkeypatch.setattr(edits, "_edit_handler", long_edit)
     sio = _FakeSio()
-    chainlit_patches.route_message_edits(sio)
+    edits.route_message_edits(sio)
     edit = asyncio.create_task(
         sio.handlers["/"]["edit_message"](
             session.socket_id, {"message": {"id": sent.id, "output": "new"}}
@@ -571,9 +487,9 @@ async def test_stop_cancels_an_edits_run_as_it_does_a_messages(
 def test_editing_is_on_and_goes_to_cairns_handler():
     assert chainlit.config.config.features.edit_message is True
     sio = _FakeSio()
-    chainlit_patches.route_message_edits(sio)
-    chainlit_patches.route_message_edits(sio)
-    chainlit_patches.guard_socket_events(sio)
+    edits.route_message_edits(sio)
+    edits.route_message_edits(sio)
+    sockets.guard_socket_events(sio)
     handler = sio.handlers["/"]["edit_message"]
     assert getattr(inspect.unwrap(handler), "cairn_edits", False)
     assert inspect.unwrap(handler) is not chainlit.socket.edit_message
@@ -582,7 +498,7 @@ def test_editing_is_on_and_goes_to_cairns_handler():
 @pytest.mark.parametrize("event", ["message_favorite", "audio_chunk"])
 async def test_events_of_features_turned_off_are_refused(event):
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"][event]("sid", {"message": {"id": "x", "output": "y"}})
     assert sio.calls == []
 
@@ -592,7 +508,7 @@ async def test_the_browsers_favorites_request_passes_quietly_with_favorites_turn
     Chainlit's handler does nothing with favorites off, and arguments are still refused."""
     assert not chainlit.config.config.features.favorites
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["fetch_favorites"]("sid")
     assert sio.calls == [("fetch_favorites", ("sid",))]
     assert sio.emitted == []
@@ -608,9 +524,9 @@ async def test_a_handler_failure_shows_a_fixed_text():
         raise KeyError("id")
 
     sio.handlers["/"]["clear_session"] = broken
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"]["clear_session"]("sid")
-    assert sio.emitted == [("toast", {"message": chainlit_patches.FAILED, "type": "error"})]
+    assert sio.emitted == [("toast", {"message": sockets.FAILED, "type": "error"})]
 
 
 async def test_stop_reaches_chainlit_only_while_something_runs() -> None:
@@ -618,7 +534,7 @@ async def test_stop_reaches_chainlit_only_while_something_runs() -> None:
     # task: with nothing running, the notice was all it did.
     session = _session()
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     stop = sio.handlers["/"]["stop"]
     try:
         await stop("no-such-socket")
@@ -651,7 +567,7 @@ async def test_stop_reaches_chainlit_only_while_something_runs() -> None:
     ],
 )
 def test_a_malformed_ask_answer_is_refused(spec, answer):
-    with pytest.raises(chainlit_patches.Malformed):
+    with pytest.raises(sockets.Malformed):
         check_ask_answer(spec, answer)
 
 
@@ -661,7 +577,7 @@ def test_a_malformed_ask_answer_is_refused(spec, answer):
 async def test_a_nul_character_in_any_frame_never_reaches_chainlit(event: str) -> None:
     """Postgres stores no NUL in text or jsonb: Chainlit's write failed half-way."""
     sio = _FakeSio()
-    chainlit_patches.guard_socket_events(sio)
+    sockets.guard_socket_events(sio)
     await sio.handlers["/"][event]("sid", {"message": {"id": str(uuid.uuid4()), "output": "\x00"}})
     assert sio.calls == []
     assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
@@ -676,16 +592,14 @@ async def test_a_nul_character_in_any_frame_never_reaches_chainlit(event: str) -
     ],
 )
 def test_a_nul_character_in_the_connect_auth_is_refused(auth: dict[str, str]) -> None:
-    with pytest.raises(chainlit_patches.Malformed):
-        chainlit_patches.check_connect(
-            {"sessionId": str(uuid.uuid4()), "clientType": "webapp", **auth}
-        )
+    with pytest.raises(sockets.Malformed):
+        sockets.check_connect({"sessionId": str(uuid.uuid4()), "clientType": "webapp", **auth})
 
 
 def test_a_nul_character_in_an_ask_answer_is_refused() -> None:
-    with pytest.raises(chainlit_patches.Malformed):
+    with pytest.raises(sockets.Malformed):
         check_ask_answer("text", _step(output="my edit\x00"))
-    with pytest.raises(chainlit_patches.Malformed):
+    with pytest.raises(sockets.Malformed):
         check_ask_answer("action", {"name": "approve", "payload": {"x": "\x00"}})
 
 
@@ -698,24 +612,17 @@ def test_good_ask_answers_pass():
 
 def test_the_patched_names_exist(tmp_path: Path):
     assert isinstance(chainlit.config.FILES_DIRECTORY, Path)
-    assert isinstance(chainlit.server.FILES_DIRECTORY, Path)  # type: ignore[attr-defined]
-
-
-def test_chainlits_cors_middleware_holds_the_list_the_settings_fill():
-    cors = [m for m in chainlit.server.app.user_middleware if m.cls.__name__ == "CORSMiddleware"]
-    assert len(cors) == 1
-    assert cors[0].kwargs["allow_origins"] is chainlit.config.config.project.allow_origins
+    assert chainlit.server.sio.eio.cors_allowed_origins is not None
 
 
 @pytest.fixture
-def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+def restored(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Every global install() touches, put back after the test."""
     import importlib
 
     config = chainlit.config.config
     for module, name in [
         (chainlit.config, "FILES_DIRECTORY"),
-        (chainlit.server, "FILES_DIRECTORY"),
         (chainlit.server, "is_thread_author"),
         (chainlit.emitter, "ChainlitEmitter"),
         (chainlit.element.TaskList, "preprocess_content"),
@@ -733,8 +640,9 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     if upload is not None:
         monkeypatch.setattr(upload, "accept", upload.accept)
         monkeypatch.setattr(upload, "max_size_mb", upload.max_size_mb)
-    yield monkeypatch
-    config.project.allow_origins[:] = origins
+    monkeypatch.setattr(config.project, "allow_origins", origins)
+    monkeypatch.setattr(chainlit.server.sio.eio, "cors_allowed_origins", [])
+    return monkeypatch
 
 
 def test_install_applies_every_patch(restored: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -748,15 +656,18 @@ def test_install_applies_every_patch(restored: pytest.MonkeyPatch, tmp_path: Pat
 
     settings = Settings(data_dir=tmp_path, session_hours=3, max_upload_mb=7)
     chainlit.config.config.features.unsafe_allow_html = True
+    origins = ["http://cairn.test"]
     for _ in range(2):
-        folder = chainlit_patches.install(
-            settings=settings, public_url="http://cairn.test", auth_secret="s" * 40
+        chainlit_settings.configure(
+            settings, public_url="http://cairn.test", auth_secret="s" * 40, origins=origins
         )
+        folder = install(files_parent=tmp_path / "files", origins=origins)
 
     config = chainlit.config.config
     assert os.environ["CHAINLIT_AUTH_SECRET"] == "s" * 40
     assert os.environ["CHAINLIT_URL"] == "http://cairn.test"
-    assert config.project.allow_origins == settings.origins(chainlit_patches.serving_port())
+    assert config.project.allow_origins == origins
+    assert chainlit.server.sio.eio.cors_allowed_origins == origins
     assert config.project.user_session_timeout == 3 * 3600
     assert config.features.unsafe_allow_html is False
     handlers = chainlit.server.sio.handlers["/"]
@@ -766,36 +677,12 @@ def test_install_applies_every_patch(restored: pytest.MonkeyPatch, tmp_path: Pat
     assert handlers["stop"].__wrapped__ is inspect.unwrap(handlers["stop"])
     assert getattr(inspect.unwrap(handlers["edit_message"]), "cairn_edits", False)
     assert folder.parent == tmp_path / "files"
-    assert folder == chainlit.server.FILES_DIRECTORY  # type: ignore[attr-defined]
+    assert folder == chainlit.config.FILES_DIRECTORY
     for name in ("chainlit.step", "chainlit.message"):
-        assert isinstance(importlib.import_module(name).time, chainlit_patches.SpacedClock)
-    assert chainlit.server.is_thread_author is chainlit_patches.require_thread_author
+        assert isinstance(importlib.import_module(name).time, clock.SpacedClock)
+    assert chainlit.server.is_thread_author is acl.require_thread_author
     assert chainlit.emitter.ChainlitEmitter is SanitisingEmitter
-    assert chainlit.element.TaskList.preprocess_content is not (
-        chainlit_patches.CHAINLIT_TASK_CONTENT
-    )
-
-
-def test_routes_mounted_later_are_reached_before_the_catch_all() -> None:
-    from fastapi import APIRouter, FastAPI
-    from fastapi.testclient import TestClient
-
-    app = FastAPI()
-
-    @app.get("/{full_path:path}")
-    async def serve(full_path: str) -> str:
-        return "chainlit ui"
-
-    router = APIRouter()
-
-    @router.get("/memory")
-    async def memory() -> str:
-        return "memory page"
-
-    chainlit_patches.mount_before_catch_all(app, router)
-    client = TestClient(app)
-    assert client.get("/memory").json() == "memory page"
-    assert client.get("/elsewhere").json() == "chainlit ui"
+    assert chainlit.element.TaskList.preprocess_content is not (output.CHAINLIT_TASK_CONTENT)
 
 
 async def test_only_the_users_own_sockets_are_disconnected(
@@ -815,7 +702,7 @@ async def test_only_the_users_own_sockets_are_disconnected(
         session.socket_id = socket_id
         session.user = User(identifier=who)
         monkeypatch.setitem(ws_sessions_id, str(uuid.uuid4()), session)
-    assert await chainlit_patches.disconnect_user_sockets("cairn:alice") == 2
+    assert await sessions.disconnect_user_sockets("cairn:alice") == 2
     assert sorted(ended) == ["s1", "s3"]
 
 
@@ -832,7 +719,7 @@ async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails(
             signals.append("idle")
 
     async def failing_run() -> None:
-        async with chainlit_patches.task_signals():
+        async with sessions.task_signals():
             signals.append("run")
             raise RuntimeError
 
@@ -842,67 +729,9 @@ async def test_task_signals_show_the_run_busy_and_idle_again_even_when_it_fails(
     assert signals == ["busy", "run", "idle"]
 
 
-# chainlit/cli applies nest_asyncio when imported, so this runs in a process of its own.
-# asyncio first: importing _asyncio before it leaves current_task() blind (CPython 3.11).
-_UNDER_CHAINLIT_RUN = """
-import asyncio, _asyncio, hashlib, inspect, json
-import chainlit.cli
-from ui.chainlit_patches import serve_on_fast_loop
-
-source = inspect.getsource(chainlit.cli.run_chainlit)
-seen = {
-    "digest": hashlib.sha256(source.encode()).hexdigest()[:16],
-    "nested": asyncio.Task is not _asyncio.Task,
-    "first": serve_on_fast_loop(),
-    "again": serve_on_fast_loop(),
-}
-
-async def main():
-    loop = asyncio.get_running_loop()
-    seen["loop"] = type(loop).__module__
-    seen["c_types"] = [
-        type(asyncio.current_task()) is _asyncio.Task,
-        type(loop.create_future()) is _asyncio.Future,
-        type(asyncio.ensure_future(asyncio.sleep(0))) is _asyncio.Task,
-    ]
-
-asyncio.run(main())
-print("SEEN " + json.dumps(seen))
-"""
-
-
-def test_chainlit_run_serves_on_uvloop_with_c_tasks() -> None:
-    """`chainlit run` loads app.py between `nest_asyncio.apply()` and `asyncio.run(start())`
-    (chainlit/cli `run_chainlit`); the patch undoes the former there."""
-    out = subprocess.run(
-        [sys.executable, "-c", _UNDER_CHAINLIT_RUN],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[2],
-        timeout=120,
-    ).stdout
-    seen = json.loads(out.split("SEEN ", 1)[1])
-    assert seen["digest"] == "26c539921db00d15", (
-        "chainlit.cli.run_chainlit changed: re-check serve_on_fast_loop in ui/chainlit_patches.py"
-    )
-    assert seen["nested"]  # nest_asyncio's pure-Python tasks were in place
-    assert (seen["first"], seen["again"]) == ("uvloop", "unchanged")
-    assert seen["loop"].startswith("uvloop")
-    assert seen["c_types"] == [True, True, True]
-    assert "serving on uvloop" in out
-
-
-def test_the_loop_patch_leaves_a_process_without_nest_asyncio_alone() -> None:
-    policy = asyncio.get_event_loop_policy()
-    assert chainlit_patches.serve_on_fast_loop() == "unchanged"
-    assert asyncio.get_event_loop_policy() is policy
-
-
 async def test_stop_cancels_a_buttons_run_and_only_the_run() -> None:
     # A button's callback runs inside Chainlit's HTTP request; `stoppable` runs its work as the
     # session's current task, the one Chainlit's stop handler cancels.
-    from chainlit.context import init_ws_context
 
     session = _session()
     started, cancelled = asyncio.Event(), []
@@ -918,7 +747,7 @@ async def test_stop_cancels_a_buttons_run_and_only_the_run() -> None:
 
     async def button_request() -> str | None:
         init_ws_context(session)
-        return await chainlit_patches.stoppable(long_run())
+        return await sessions.stoppable(long_run())
 
     request = asyncio.create_task(button_request())
     try:
@@ -947,7 +776,7 @@ async def test_stop_cancels_a_buttons_run_and_only_the_run() -> None:
             return "done"
 
         init_ws_context(session)
-        assert await chainlit_patches.stoppable(quick()) == "done"
+        assert await sessions.stoppable(quick()) == "done"
     finally:
         request.cancel()
         session.delete()

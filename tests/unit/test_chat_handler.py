@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from auth.sessions import SessionRevoked
-from ui import chat
+from ui.chainlit import chat
 
 
 @pytest.fixture

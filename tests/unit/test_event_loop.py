@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-from ui import chainlit_patches
-from ui.chainlit_patches import SpacedClock
+from ui.chainlit.patches import clock as chainlit_patches
+from ui.chainlit.patches.clock import SpacedClock
 
 
 class FakeTime:

@@ -30,12 +30,10 @@ SUMMARY = AgentSpec(
     description="Summarises a text after you approve its outline.",
     build=lambda **_: None,
     inputs=lambda text, _message_id: {"text": text},
-    view=lambda _context: None,  # type: ignore[arg-type,return-value]
     interrupts=(
         InterruptKind(
             name="review_outline",
             decisions=frozenset({"approve", "reject"}),
-            render=_no_render,
             describe=lambda value: {"outline": value.get("outline")},
         ),
     ),
@@ -178,12 +176,13 @@ def test_the_tokens_page_offers_each_scope_and_refuses_others(
 
     from auth import identity
     from ui import memory_page
+    from ui.runtime import current_runtime
 
     monkeypatch.setattr(FakeRuntime.tokens, "owned", _no_tokens)
     app = FastAPI()
     app.include_router(build_router(WITH_SUMMARY))
     app.dependency_overrides[identity._current_user_id] = lambda: "alice"
-    app.dependency_overrides[memory_page._runtime] = FakeRuntime
+    app.dependency_overrides[current_runtime] = FakeRuntime
     app.dependency_overrides[memory_page.same_origin] = lambda: None
     client = TestClient(app)
     shown = client.get("/api/tokens").json()["agents"]
@@ -199,12 +198,13 @@ def _tokens_page(agents: tuple[AgentSpec, ...], monkeypatch: pytest.MonkeyPatch)
 
     from auth import identity
     from ui import memory_page
+    from ui.runtime import current_runtime
 
     monkeypatch.setattr(FakeRuntime.tokens, "owned", _no_tokens)
     app = FastAPI()
     app.include_router(build_router(agents))
     app.dependency_overrides[identity._current_user_id] = lambda: "alice"
-    app.dependency_overrides[memory_page._runtime] = FakeRuntime
+    app.dependency_overrides[current_runtime] = FakeRuntime
     return TestClient(app)
 
 

@@ -158,6 +158,7 @@ def endpoint(tokens: FakeTokens | None = None, *, agents: Any = AGENTS) -> Any:
         agents=agents,
         runner=lambda: None,  # type: ignore[arg-type,return-value]
         tokens=lambda: tokens,  # type: ignore[arg-type,return-value]
+        chat=lambda: None,  # type: ignore[arg-type,return-value]
     )
 
 

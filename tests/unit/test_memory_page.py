@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from chainlit.user import User
 
 from auth.local_accounts import LocalAccounts
 from graphs.memory.policy import CATEGORIES, SENSITIVE_CATEGORIES
@@ -39,22 +38,22 @@ async def _accounts(display: str | None) -> tuple[LocalAccounts, str]:
 
 async def test_the_name_the_login_gave_is_shown_not_the_account_id():
     accounts, user_id = await _accounts("Dave Local")
-    user = User(identifier=user_id, display_name="Dave from the provider")
+    user = {"identifier": user_id, "display_name": "Dave from the provider"}
     runtime = SimpleNamespace(accounts=accounts)
-    assert await display_name(user, user_id, runtime) == "Dave from the provider"  # type: ignore[arg-type]
+    assert await display_name(user, user_id, runtime) == "Dave from the provider"
 
 
 @pytest.mark.parametrize(("display", "shown"), [("Dave Local", "Dave Local"), (None, "dave")])
 async def test_without_a_session_name_the_local_account_names_the_user(display, shown):
     accounts, user_id = await _accounts(display)
-    user = User(identifier=user_id)
+    user = {"identifier": user_id}
     runtime = SimpleNamespace(accounts=accounts)
-    assert await display_name(user, user_id, runtime) == shown  # type: ignore[arg-type]
+    assert await display_name(user, user_id, runtime) == shown
 
 
 async def test_an_unnamed_user_of_another_provider_never_sees_the_raw_id():
     accounts, _ = await _accounts("Dave Local")
     user_id = "github:12345"
-    user = User(identifier=user_id, display_name="  ")
+    user = {"identifier": user_id, "display_name": "  "}
     runtime = SimpleNamespace(accounts=accounts)
-    assert await display_name(user, user_id, runtime) == NO_NAME  # type: ignore[arg-type]
+    assert await display_name(user, user_id, runtime) == NO_NAME

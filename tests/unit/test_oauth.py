@@ -10,13 +10,8 @@ import pytest
 from chainlit import oauth_providers
 from chainlit.user import User
 
-from auth.oauth import (
-    LOCAL_PROVIDER_ID,
-    LocalOIDCProvider,
-    local_client_secret,
-    oauth_callback,
-    register_local_provider,
-)
+from auth.oauth import LOCAL_PROVIDER_ID, local_client_secret
+from ui.chainlit.oauth import LocalOIDCProvider, oauth_callback, register_local_provider
 from graphs.core.settings import Settings
 
 PUBLIC = "https://cairn.example.com"

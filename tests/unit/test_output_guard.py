@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from ui import chainlit_patches, output_guard
-from ui.chainlit_patches import SanitisingEmitter
+from ui import output_guard
+from ui.chainlit.patches import output as chainlit_patches
+from ui.chainlit.patches.output import SanitisingEmitter
 from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_step
 
 EVIL = "http://127.0.0.1:9999/c?d=secret"

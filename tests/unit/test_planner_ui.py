@@ -8,8 +8,9 @@ import chainlit as cl
 import pytest
 
 from graphs.planner.sql import Table
-from ui.actions import ActionRejected, AnswerPayload, parse_payload
-from ui.agents.planner import bar_chart, edit_value, review_text
+from ui.chainlit.actions import ActionRejected, AnswerPayload, parse_payload
+from ui.agents.planner import edit_value
+from ui.chainlit.agents.planner import bar_chart, review_text
 
 THREAD = "thread-of-this-session"
 
@@ -85,7 +86,7 @@ def test_numbers_by_category_become_a_bar_chart():
 
 
 def test_the_answer_streams_out_of_the_replanners_json():
-    from ui.agents.planner import AnswerStream
+    from ui.chainlit.agents.planner import AnswerStream
 
     stream = AnswerStream()
     tokens = ['{"action": {"resp', 'onse": "EMEA ', "had the ", "most churn", ' (5)."}}']

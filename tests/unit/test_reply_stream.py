@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from chainlit.context import init_http_context
 
-from ui import surface
-from ui.surface import STREAM_WINDOW_S, new_reply
+from ui.chainlit import surface
+from ui.chainlit.surface import STREAM_WINDOW_S, new_reply
 
 WORDS = [f"w{i} " for i in range(30)]
 

@@ -13,7 +13,7 @@ from chainlit.session import WebsocketSession
 from chainlit.user import User
 from starlette.types import Receive, Scope, Send
 
-from ui.request_guard import RequestGuard
+from ui.chainlit.request_guard import RequestGuard
 
 SECRET = "test-secret-of-at-least-thirty-two-bytes"
 

@@ -29,7 +29,8 @@ from graphs.tools.fetchlog import MemoryFetchLog
 from graphs.tools.search import LocalCorpus, SearchResult
 from tests.fakes import FakeStep, FakeTaskList, fake_steps_and_task_lists
 from tests.unit.test_runner import MemoryLocks, MemoryThreads, RecordingSurface
-from ui.agents.research import ResearchRun, restore
+from ui.chainlit.agents import research
+from ui.chainlit.agents.research import ResearchRun, restore
 from ui.runner import Runner
 
 QUESTION = "When did the seed vault open and how do honeybees share the location of food?"
@@ -339,7 +340,7 @@ class ResearchSurface(RecordingSurface):
     runs: list[Any] = field(default_factory=list)
 
     def view(self, spec: Any, context: Any) -> Any:
-        self.runs.append(spec.view(context))
+        self.runs.append(research.PRESENTATION.view(context))
         return self.runs[-1]
 
 

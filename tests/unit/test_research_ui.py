@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from graphs.research.graph import PlanDecision, plan_from
-from ui.actions import AnswerPayload
+from ui.chainlit.actions import AnswerPayload
 from ui.agents.research import parse_topics, served_links
 
 

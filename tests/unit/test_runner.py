@@ -68,6 +68,7 @@ class RecordingSurface:
     said: list[tuple[str, str]] = field(default_factory=list)
     questions: list[tuple[str, str]] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
     retry_for: list[str | None] = field(default_factory=list)
     """The message each Retry would send again (None: resume from the checkpoint)."""
 
@@ -90,6 +91,9 @@ class RecordingSurface:
 
     async def clear_prompt(self, interrupt_id: str) -> None:
         self.cleared.append(interrupt_id)
+
+    async def restore(self, spec: AgentSpec, state: Any) -> None:
+        self.restored.append(spec.key)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -156,16 +160,12 @@ def assistant_spec(**overrides: Any) -> AgentSpec:
         "description": "",
         "build": build_assistant,
         "inputs": lambda text, mid: {"messages": [HumanMessage(text, id=mid)]},
-        "view": lambda context: RecordingView(),
         "stream_modes": ("messages", "tasks"),
     }
     return AgentSpec(**{**fields, **overrides})
 
 
 def asking_spec() -> AgentSpec:
-    async def render(item: Any, thread_id: str) -> None:
-        return None
-
     async def edit_or_not(decision: str, value: dict[str, Any], ask: Any) -> Any:
         if decision == "edit":
             text = await ask("What instead?", 5)
@@ -181,12 +181,10 @@ def asking_spec() -> AgentSpec:
         description="",
         build=build_asking,
         inputs=lambda text, mid: {},
-        view=lambda context: RecordingView(),
         interrupts=(
             InterruptKind(
                 name="confirm_memory",
                 decisions=frozenset({"confirm", "reject", "edit"}),
-                render=render,
                 resume_value=edit_or_not,
             ),
         ),

@@ -228,7 +228,6 @@ def planish_spec(after: list[Context]) -> AgentSpec:
         description="",
         build=build_planish,
         inputs=lambda text, mid: {"input": text},
-        view=lambda context: RecordingView(),
         reply_text=lambda values: values.get("response"),
         after_turn=after_turn,
     )

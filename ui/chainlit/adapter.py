@@ -45,6 +45,13 @@ CHAINLIT_PATH = "/"
 tests know. Every route of Cairn's own is matched before it."""
 
 
+ADAPTER_PINS = {
+    "chainlit.utils.mount_chainlit": "0cf59a9d3aabeac1",
+}
+"""Mounted as documented: Chainlit's own lifespan (on_app_startup, the `.files` clean-up and its
+`os._exit`) does not run under a parent app, whose lifespan is Cairn's (app.py)."""
+
+
 class ChainlitChat:
     """The chat port (ui/port.py `ChatPort`) on Chainlit."""
 

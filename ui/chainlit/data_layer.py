@@ -96,6 +96,19 @@ a research topic or a slow tool, is stored as before, and a finished step at onc
 _DEFERRABLE = frozenset({"run", "tool", "llm", "embedding", "retrieval", "rerank", "undefined"})
 """Chainlit's step types that are not messages."""
 
+DATA_LAYER_PINS = {
+    "chainlit.data.utils.queue_until_user_message": "c5da8ad58a521aa7",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.create_step": "f3794927dffc7ddb",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.delete_step": "871d76ad60d04a90",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.update_thread": "00154d047c1e7f26",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.get_thread_author": "d8fc90def8c0ed72",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.get_thread": "4f41f49c86cbf01f",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.delete_thread": "2e50738dd0c43185",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.execute_query": "071081a3100fe41a",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
+
 
 def _open_step(step_dict: StepDict) -> bool:
     """A run or tool step as Chainlit's Step.send describes it (dated), not yet finished. The

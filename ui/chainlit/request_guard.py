@@ -39,6 +39,20 @@ NOT_FOUND = "Not found"
 SESSION_NOT_FOUND = "Session not found"
 MESSAGE_NOT_FOUND = "Message not found"
 
+ROUTE_PINS = {
+    "chainlit.server.call_action": "1db36f6a1d296df1",
+    "chainlit.server.upload_file": "0e1d81cae2398ee8",
+    "chainlit.server.get_file": "087b45142fefe873",
+    "chainlit.server.update_feedback": "1ca022629ec82755",
+    "chainlit.server.delete_feedback": "d918421add44e2f7",
+    "chainlit.server.set_session_cookie": "0b26b9f18f536f6c",
+    "chainlit.server.share_thread": "5c89b2441303a185",
+    "chainlit.server.delete_thread_element": "e6acea6dfecfa4d8",
+    "chainlit.server.update_thread_element": "9683b313b3741b17",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
+
 
 class Refused(Exception):
     def __init__(self, status: int, detail: str, why: str) -> None:

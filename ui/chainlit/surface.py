@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import chainlit as cl
 from chainlit.context import context
@@ -17,13 +17,40 @@ from ui.chainlit.actions import ANSWER_ACTION, RETRY_ACTION
 from ui.chainlit.patches.sessions import task_signals
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from langgraph.types import StateSnapshot
+    from langgraph.types import Interrupt, StateSnapshot
 
     from graphs.core.context import Context
-    from ui.chainlit.agents import Presentations
-    from ui.runner import AgentSpec, InterruptKind, View
+    from ui.runner import AgentSpec, InterruptKind, LoadState, Status, View
+
+REPLY_PINS = {
+    "chainlit.message.MessageBase.stream_token": "eafad86fddd936dd",
+    "chainlit.message.Message.send": "cac98893ff2f1ead",
+    "chainlit.message.Message.update": "e70206606d0113d8",
+    "chainlit.message.MessageBase.remove": "a0424e92d878704f",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
+
+
+class Looks(Protocol):
+    """What one agent looks like in the chat (ui/chainlit/agents/ `Presentation`)."""
+
+    @property
+    def view(self) -> Callable[[Context], View]: ...
+
+    @property
+    def restore(self) -> Callable[[StateSnapshot], Awaitable[None]] | None: ...
+
+
+class Presentations(Protocol):
+    """Every agent's looks, by agent key, and how each kind of question is asked."""
+
+    def of(self, key: str) -> Looks: ...
+
+    def question(self, kind: str) -> Callable[[Interrupt, str], Awaitable[None]] | None: ...
+
 
 log = logging.getLogger("cairn")
 
@@ -228,3 +255,34 @@ class ChatSurface:
             return
         async with task_signals():
             yield
+
+
+class PlainView:
+    """An agent without a presentation module: its reply, streamed, and nothing else."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.reply: Any = None
+        self.first_token_at: float | None = None
+
+    async def begin(self, load_state: LoadState) -> None:
+        return None
+
+    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
+        return None
+
+    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
+        return None
+
+    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
+        return None
+
+    async def end(self, status: Status, load_state: LoadState) -> str | None:
+        if status != "done":
+            return None
+        text = self.spec.reply_text((await load_state()).values)
+        if text:
+            self.reply = new_reply()
+            self.reply.content = text
+            await self.reply.send()
+        return text

@@ -10,15 +10,15 @@ import importlib
 import pkgutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ui.chainlit.surface import new_reply
+from ui.chainlit.surface import PlainView
 
 if TYPE_CHECKING:
     from langgraph.types import Interrupt, StateSnapshot
 
     from graphs.core.context import Context
-    from ui.runner import AgentSpec, LoadState, Status, View
+    from ui.runner import AgentSpec, View
 
 Render = Callable[["Interrupt", str], Awaitable[None]]
 """Show a question with its buttons (given the interrupt and the thread id)."""
@@ -36,37 +36,6 @@ class Presentation:
     """How each of the agent's interrupt kinds (by name) is asked."""
     restore: Callable[[StateSnapshot], Awaitable[None]] | None = None
     """Show a reopened conversation's panels (task list, final status) from its state."""
-
-
-class PlainView:
-    """An agent without a presentation module: its reply, streamed, and nothing else."""
-
-    def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
-        self.reply: Any = None
-        self.first_token_at: float | None = None
-
-    async def begin(self, load_state: LoadState) -> None:
-        return None
-
-    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
-        return None
-
-    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
-        return None
-
-    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
-        return None
-
-    async def end(self, status: Status, load_state: LoadState) -> str | None:
-        if status != "done":
-            return None
-        text = self.spec.reply_text((await load_state()).values)
-        if text:
-            self.reply = new_reply()
-            self.reply.content = text
-            await self.reply.send()
-        return text
 
 
 class Presentations:

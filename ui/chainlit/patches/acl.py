@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
 
 from chainlit.data import get_data_layer
 from fastapi import HTTPException
@@ -11,7 +10,12 @@ from fastapi import HTTPException
 from auth.ownership import NOT_FOUND
 
 log = logging.getLogger("cairn.security")
-T = TypeVar("T")
+
+ACL_PINS = {
+    "chainlit.data.acl.is_thread_author": "522c3ed9c195fc54",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
 async def require_thread_author(username: str, thread_id: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from chainlit.chat_context import chat_context
 from chainlit.context import init_ws_context
@@ -15,7 +15,6 @@ from chainlit.session import WebsocketSession
 from auth.ownership import NOT_FOUND
 
 log = logging.getLogger("cairn.security")
-T = TypeVar("T")
 
 
 EditHandler = Callable[[Any, str, list[Any]], Awaitable[None]]
@@ -23,6 +22,12 @@ EditHandler = Callable[[Any, str, list[Any]], Awaitable[None]]
 
 
 _edit_handler: EditHandler | None = None
+
+EDIT_PINS = {
+    "chainlit.socket.edit_message": "ba23f62f2a509ee9",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
 def on_message_edit(handler: EditHandler) -> EditHandler:

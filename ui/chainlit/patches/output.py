@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
 
 import chainlit.config
 import chainlit.element
@@ -15,11 +14,21 @@ from ui.output_guard import policy_for, sanitise_step, sanitise_text
 from ui.render import StreamSanitiser
 
 log = logging.getLogger("cairn.security")
-T = TypeVar("T")
 
 
 CHAINLIT_TASK_CONTENT = chainlit.element.TaskList.preprocess_content
 """Chainlit's own, which the sanitised one runs after cleaning the titles."""
+
+OUTPUT_PINS = {
+    "chainlit.context.ChainlitContext.__init__": "db4773091d52bf7c",
+    "chainlit.emitter.ChainlitEmitter.send_step": "0e6ea166c8cd61d8",
+    "chainlit.emitter.ChainlitEmitter.update_step": "9f1d88f4d70d73ef",
+    "chainlit.emitter.ChainlitEmitter.stream_start": "57cc98ddf3106063",
+    "chainlit.emitter.ChainlitEmitter.send_token": "2783e8a7947f8c6b",
+    "chainlit.element.TaskList.preprocess_content": "ca9e5fd7b52bbbaf",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
 def guard_output() -> None:

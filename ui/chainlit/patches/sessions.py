@@ -15,6 +15,15 @@ from chainlit.session import WebsocketSession, ws_sessions_id
 log = logging.getLogger("cairn.security")
 T = TypeVar("T")
 
+SESSION_PINS = {
+    "chainlit.context.init_ws_context": "c3d4ceaec38b2fd6",
+    "chainlit.emitter.ChainlitEmitter.task_start": "8ef945646a14e8be",
+    "chainlit.emitter.ChainlitEmitter.task_end": "bfb2c3a2969eccff",
+    "chainlit.session.WebsocketSession.__init__": "497d8ea08531b384",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
+
 
 @asynccontextmanager
 async def task_signals() -> AsyncIterator[None]:

@@ -12,7 +12,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from chainlit.auth import get_current_user, get_token_from_cookies
 from chainlit.chat_context import chat_contexts
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 log = logging.getLogger("cairn.security")
-T = TypeVar("T")
 
 SOCKET_EVENTS = frozenset(
     {
@@ -59,6 +58,15 @@ REFUSED_CONNECTION = "invalid connection request"
 
 _MAX_TEXT = 1_000_000
 """A hard ceiling on any text field; the app's own, lower limits give the user-facing message."""
+
+SOCKET_PINS = {
+    "chainlit.socket.connect": "00ce35b669efa6f8",
+    "chainlit.socket.process_message": "7002f6fd6cadca2f",
+    "chainlit.emitter.ChainlitEmitter.process_message": "ffb867621e1b52c8",
+    "chainlit.emitter.ChainlitEmitter.send_ask_user": "405cea5c280aed1d",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
 class Malformed(ValueError):

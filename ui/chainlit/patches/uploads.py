@@ -10,14 +10,19 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TypeVar
 
 import chainlit.config
 import chainlit.element
 import chainlit.emitter
 
 log = logging.getLogger("cairn.security")
-T = TypeVar("T")
+
+UPLOAD_PINS = {
+    "chainlit.session.BaseSession.files_dir": "97c55ce5b37ab2b8",
+    "chainlit.session.WebsocketSession.delete": "b6a06e7409d9fdba",
+}
+"""The Chainlit code this module relies on (qualified name: digest of its source as checked),
+tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
 def relocate_files(parent: Path) -> Path:
