@@ -21,13 +21,13 @@ import psycopg
 import pytest
 from playwright.sync_api import expect
 
+from app import STARTUP_FAILED
 from bench.login import sign_in
 from deploy.cluster import Cluster, Worker, route_name
 from tests.conftest import _with_database
 from tests.e2e.conftest import ROOT, USERS, _free_port, login
 from tests.e2e.test_hostile_client import ChatSocket
 from tests.e2e.test_planner import GOAL, choose_planner, send
-from app import STARTUP_FAILED
 
 pytestmark = pytest.mark.e2e
 

@@ -18,9 +18,9 @@ from fastapi import HTTPException
 
 from auth.ownership import NOT_FOUND
 from graphs.core.persistence import Persistence
+from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
 from ui.chainlit.patches.acl import require_thread_author
 from ui.chainlit.patches.sockets import REPLAYED, SOCKET_EVENTS, guard_socket_events
-from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
 
 pytestmark = pytest.mark.integration
 

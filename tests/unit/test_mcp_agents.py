@@ -197,7 +197,6 @@ def _tokens_page(agents: tuple[AgentSpec, ...], monkeypatch: pytest.MonkeyPatch)
     from fastapi.testclient import TestClient
 
     from auth import identity
-    from ui import memory_page
     from ui.runtime import current_runtime
 
     monkeypatch.setattr(FakeRuntime.tokens, "owned", _no_tokens)

@@ -11,8 +11,8 @@ from chainlit import oauth_providers
 from chainlit.user import User
 
 from auth.oauth import LOCAL_PROVIDER_ID, local_client_secret
-from ui.chainlit.oauth import LocalOIDCProvider, oauth_callback, register_local_provider
 from graphs.core.settings import Settings
+from ui.chainlit.oauth import LocalOIDCProvider, oauth_callback, register_local_provider
 
 PUBLIC = "https://cairn.example.com"
 INTERNAL = "http://127.0.0.1:8000"

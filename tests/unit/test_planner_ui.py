@@ -8,8 +8,8 @@ import chainlit as cl
 import pytest
 
 from graphs.planner.sql import Table
-from ui.chainlit.actions import ActionRejected, AnswerPayload, parse_payload
 from ui.agents.planner import edit_value
+from ui.chainlit.actions import ActionRejected, AnswerPayload, parse_payload
 from ui.chainlit.agents.planner import bar_chart, review_text
 
 THREAD = "thread-of-this-session"

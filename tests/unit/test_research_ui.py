@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from graphs.research.graph import PlanDecision, plan_from
-from ui.chainlit.actions import AnswerPayload
 from ui.agents.research import parse_topics, served_links
+from ui.chainlit.actions import AnswerPayload
 
 
 def test_edited_topics_are_one_per_line_with_list_markers_dropped():

@@ -31,7 +31,6 @@ from tests.unit.test_runner import (
     MemoryLocks,
     MemoryThreads,
     RecordingSurface,
-    RecordingView,
     assistant_spec,
     send,
 )
