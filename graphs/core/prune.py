@@ -86,6 +86,8 @@ class Plan:
     """Kept checkpoints whose parent changes: id -> nearest kept ancestor."""
     anchors: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Deleted checkpoint -> (the anchor its delta writes move to, the step they are keyed by)."""
+    moves: list[tuple[Any, ...]] = field(default_factory=list)
+    """The delta writes to store on the anchors (_MOVE_WRITE's parameters)."""
 
 
 def plan_prune(
@@ -316,7 +318,7 @@ class CheckpointPruner:
                 )
                 return PruneReport()
             plan = await self._plan(conn, thread_id, raw, delta, cutoff)
-            removed = await _apply(conn, thread_id, plan, delta) if plan.deleted else PruneReport()
+            removed = await _apply(conn, thread_id, plan) if plan.deleted else PruneReport()
             await conn.execute(
                 "UPDATE cairn_threads SET checkpoints_pruned_before = %s WHERE thread_id = %s",
                 (cutoff, thread_id),
@@ -332,13 +334,17 @@ class CheckpointPruner:
         delta: frozenset[str],
         cutoff: datetime,
     ) -> Plan:
-        """Under the rows' locks: what goes, from the rows, fork points and snapshots."""
-        return plan_prune(
+        """Under the rows' locks: what goes, from the rows, fork points and snapshots, and the
+        delta writes that move."""
+        plan = plan_prune(
             [_row(r) for r in raw],
             cutoff=cutoff,
             fork_points=await _fork_points(conn, thread_id),
             snapshots=await _snapshots(conn, thread_id, delta),
         )
+        if plan.deleted and delta:
+            plan.moves = await _moves(conn, thread_id, plan, delta)
+        return plan
 
 
 def _row(r: Mapping[str, Any]) -> Row:
@@ -378,15 +384,17 @@ async def _snapshots(conn: Any, thread_id: str, delta: frozenset[str]) -> set[tu
     return {(r["channel"], r["version"]) for r in await cur.fetchall()}
 
 
-async def _apply(conn: Any, thread_id: str, plan: Plan, delta: frozenset[str]) -> PruneReport:
-    moved = await _move_delta_writes(conn, thread_id, plan, delta)
+async def _apply(conn: Any, thread_id: str, plan: Plan) -> PruneReport:
+    if plan.moves:
+        async with conn.cursor() as cur:
+            await cur.executemany(_MOVE_WRITE, plan.moves)
     cur = await conn.execute(
         "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = '' "
         "AND checkpoint_id = ANY(%s)",
         (thread_id, plan.deleted),
         prepare=False,
     )
-    writes = cur.rowcount - moved
+    writes = max(cur.rowcount - len(plan.moves), 0)
     if plan.parents:
         ids = list(plan.parents)
         await conn.execute(
@@ -407,19 +415,16 @@ async def _apply(conn: Any, thread_id: str, plan: Plan, delta: frozenset[str]) -
     return PruneReport(checkpoints=len(plan.deleted), writes=writes, blobs=blobs)
 
 
-async def _move_delta_writes(conn: Any, thread_id: str, plan: Plan, delta: frozenset[str]) -> int:
-    """Copy the delta writes of the checkpoints deleted onto their anchors, as exit durability
+async def _moves(
+    conn: Any, thread_id: str, plan: Plan, delta: frozenset[str]
+) -> list[tuple[Any, ...]]:
+    """The delta writes of the checkpoints deleted, keyed for their anchors as exit durability
     keys a run's later super-steps: after every real write there, in step order."""
-    if not delta:
-        return 0
-    cur = await conn.execute(
-        _DELTA_WRITES, (thread_id, plan.deleted, list(delta)), prepare=False
-    )
-    rows = await cur.fetchall()
-    params = []
-    for w in rows:
+    cur = await conn.execute(_DELTA_WRITES, (thread_id, plan.deleted, list(delta)), prepare=False)
+    moves = []
+    for w in await cur.fetchall():
         anchor, step = plan.anchors[w["checkpoint_id"]]
-        params.append(
+        moves.append(
             (
                 thread_id,
                 anchor,
@@ -431,7 +436,4 @@ async def _move_delta_writes(conn: Any, thread_id: str, plan: Plan, delta: froze
                 w["blob"],
             )
         )
-    if params:
-        async with conn.cursor() as c:
-            await c.executemany(_MOVE_WRITE, params)
-    return len(params)
+    return moves
