@@ -23,6 +23,7 @@ from graphs.core.persistence import (
     open_persistence,
     start_embedded_postgres,
 )
+from graphs.core.prune import CheckpointPruner
 from graphs.core.runlock import ThreadBusy, ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.settings import Settings, get_settings
@@ -256,6 +257,16 @@ async def start() -> None:
     )
     runtime.memory_jobs.add_periodic(
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
+    )
+    runtime.memory_jobs.add_periodic(
+        "checkpoint-prune",
+        cron=runtime.settings.checkpoint_prune_cron,
+        run=CheckpointPruner.for_graphs(
+            pool=runtime.pool,
+            locks=runtime.run_locks,
+            graphs=runtime.graphs,
+            after_hours=runtime.settings.checkpoint_prune_after_hours,
+        ).run,
     )
     # A wipe whose worker stopped mid-way is finished by a live one.
     runtime.background.append(

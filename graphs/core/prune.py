@@ -25,7 +25,7 @@ and the prune finds nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -135,9 +135,7 @@ def plan_prune(
     return plan
 
 
-def _snapshot_holders(
-    rows: list[Row], kept: set[str], snapshots: set[tuple[str, str]]
-) -> set[str]:
+def _snapshot_holders(rows: list[Row], kept: set[str], snapshots: set[tuple[str, str]]) -> set[str]:
     """For each snapshot no kept checkpoint reads, the oldest checkpoint holding it: without
     them a kept checkpoint would replay its whole thread's writes back to the root."""
     covered = {(ch, v) for r in rows if r.id in kept for ch, v in r.versions.items()}
@@ -330,7 +328,7 @@ class CheckpointPruner:
         self,
         conn: Any,
         thread_id: str,
-        raw: list[Mapping[str, Any]],
+        raw: Sequence[Mapping[str, Any]],
         delta: frozenset[str],
         cutoff: datetime,
     ) -> Plan:
@@ -357,7 +355,7 @@ def _row(r: Mapping[str, Any]) -> Row:
     )
 
 
-def _undeclared_delta(raw: list[Mapping[str, Any]], delta: frozenset[str]) -> set[str]:
+def _undeclared_delta(raw: Sequence[Mapping[str, Any]], delta: frozenset[str]) -> set[str]:
     """Channels the checkpoints count delta-snapshot updates for that the graph does not know."""
     seen = {ch for r in raw for ch in (r["counters"] or {})}
     return seen - delta
