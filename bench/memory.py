@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,7 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
     from graphs.assistant.offline import offline_assistant
     from graphs.core.context import Context
     from graphs.core.runs import DURABILITY
+    from graphs.core.timetravel import MessageCheckpoints
 
     graph = build_graph(checkpointer=p.checkpointer, store=p.store, model=offline_assistant())
     ids = [f"bench-{uuid.uuid4()}" for _ in range(threads)]
@@ -186,8 +188,11 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
     times: list[list[float]] = [[] for _ in ids]
     prefetch = p.embedding.embeddings.prefetch  # type: ignore[attr-defined]
     previous = [await _thread_bytes(p, t) for t in ids]
+    fork_points = MessageCheckpoints(p.pool)
     for i, thread in enumerate(ids):
         for turn in range(1, turns + 1):
+            # As the runner does before each message (edit-and-resend forks from there).
+            await fork_points.record(thread, f"m{turn}", None)
             t0 = time.perf_counter()
             message = HumanMessage(f"Turn {turn}: here is a longer message about my plans " * 3)
             # As the app does when a message arrives (ui.chat): the recall query's embedding
@@ -200,6 +205,8 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
             now = await _thread_bytes(p, thread)
             sizes[i].append(now - previous[i])
             previous[i] = now
+
+    pruned = await _pruned(p, graph, ids)
 
     def around(series: list[list[Any]], window: slice) -> list[Any]:
         return [x for s in series for x in s[window]]
@@ -216,10 +223,55 @@ async def bench_checkpoints(p: Persistence, turns: int = 500, threads: int = 3) 
         "bytes_turn_500": round(bytes_500),
         "ratio_500_to_10": round(bytes_500 / bytes_10, 2),
         "thread_total_mb": round(statistics.fmean(previous) / 1e6, 2),
+        **pruned,
         "turn_ms_10": round(statistics.median(around(times, early)), 1),
         "turn_ms_500": round(statistics.median(around(times, late)), 1),
         "turn_ms_500_p95": round(statistics.quantiles(around(times, late), n=20)[-1], 1),
     }
+
+
+async def _pruned(p: Persistence, graph: Any, ids: list[str]) -> dict[str, Any]:
+    """Each thread pruned as if all of it were past the age (graphs/core/prune.py): bytes and
+    checkpoints left, the time one prune takes, and the head's state unchanged."""
+    from graphs.core.prune import CheckpointPruner, delta_channels
+    from graphs.core.runlock import ThreadRunLocks
+
+    locks = ThreadRunLocks(p.pool)
+    pruner = CheckpointPruner(
+        pool=p.pool,
+        locks=locks,
+        delta={"assistant": delta_channels(graph)},
+        after=timedelta(0),
+    )
+    cutoff = datetime.now(UTC) + timedelta(hours=1)
+    sizes, ms, kept, before_n = [], [], [], []
+    for thread in ids:
+        config = {"configurable": {"thread_id": thread}}
+        head = (await graph.aget_state(config)).values["messages"]
+        before_n.append(await _checkpoints(p, thread))
+        t0 = time.perf_counter()
+        async with locks.hold(thread):
+            await pruner.prune_thread(thread, agent="assistant", cutoff=cutoff)
+        ms.append((time.perf_counter() - t0) * 1000)
+        assert (await graph.aget_state(config)).values["messages"] == head
+        sizes.append(await _thread_bytes(p, thread))
+        kept.append(await _checkpoints(p, thread))
+    await locks.close()
+    return {
+        "thread_total_mb_pruned": round(statistics.fmean(sizes) / 1e6, 2),
+        "checkpoints_unpruned": round(statistics.fmean(before_n)),
+        "checkpoints_pruned": round(statistics.fmean(kept)),
+        "prune_ms": round(statistics.median(ms), 1),
+    }
+
+
+async def _checkpoints(p: Persistence, thread: str) -> int:
+    async with p.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s", (thread,)
+        )
+        row = await cur.fetchone()
+    return int(row["n"]) if row else 0
 
 
 async def _thread_bytes(p: Persistence, thread: str) -> int:
@@ -362,6 +414,12 @@ def _print_checkpoints(ck: dict[str, Any]) -> None:
         f"  turn time p50 at turn 10: {ck['turn_ms_10']} ms   at turn 500: {ck['turn_ms_500']} ms"
         f" (target <= 30; p95 {ck['turn_ms_500_p95']} ms)"
     )
+    if "thread_total_mb_pruned" in ck:
+        print(
+            f"  checkpoint bytes per 500-turn thread: {ck['thread_total_mb']} MB without pruning,"
+            f" {ck['thread_total_mb_pruned']} MB pruned ({ck['checkpoints_unpruned']} -> "
+            f"{ck['checkpoints_pruned']} checkpoints; one prune {ck['prune_ms']} ms)"
+        )
 
 
 def _print_jobs(jobs: dict[str, Any]) -> None:

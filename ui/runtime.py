@@ -188,6 +188,16 @@ async def start(runtime: AppRuntime) -> None:
     runtime.memory_jobs.add_periodic(
         "retention", cron=runtime.settings.retention_cron, run=runtime.privacy.apply_retention
     )
+    runtime.memory_jobs.add_periodic(
+        "checkpoint-prune",
+        cron=runtime.settings.checkpoint_prune_cron,
+        run=CheckpointPruner.for_graphs(
+            pool=runtime.pool,
+            locks=runtime.run_locks,
+            graphs=runtime.graphs,
+            after_hours=runtime.settings.checkpoint_prune_after_hours,
+        ).run,
+    )
     # A wipe whose worker stopped mid-way is finished by a live one.
     runtime.background.append(
         asyncio.create_task(finish_wipes_forever(runtime.privacy), name="cairn-unfinished-wipes")

@@ -65,6 +65,12 @@ WIPES = Gauge(
     ["verified"],
     registry=REGISTRY,
 )
+PRUNED = Counter(
+    "cairn_checkpoint_rows_pruned",
+    "Checkpoint rows removed by pruning in this process, by table (checkpoints, writes, blobs).",
+    ["table"],
+    registry=REGISTRY,
+)
 POOL = Gauge(
     "cairn_db_pool",
     "The connection pool of this worker (psycopg_pool get_stats): pool_size, pool_available, "
@@ -95,6 +101,12 @@ def observe_resumed(agent: str, outcome: str) -> None:
 
 def observe_memory_job(outcome: str) -> None:
     MEMORY_JOB_RUNS.labels(outcome).inc()
+
+
+def observe_prune(checkpoints: int, writes: int, blobs: int) -> None:
+    PRUNED.labels("checkpoints").inc(checkpoints)
+    PRUNED.labels("writes").inc(writes)
+    PRUNED.labels("blobs").inc(blobs)
 
 
 async def read_shared(pool: Pool) -> None:

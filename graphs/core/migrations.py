@@ -500,6 +500,12 @@ END
 $$;
 """
 
+CHECKPOINT_PRUNE_SQL = """
+-- Checkpoint pruning (graphs/core/prune.py): the cut-off of the thread's last prune. Checkpoints
+-- older than it were pruned; the thread is looked at again once it was active after it.
+ALTER TABLE cairn_threads ADD COLUMN IF NOT EXISTS checkpoints_pruned_before timestamptz;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -515,6 +521,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0101_embedding_reembed", REEMBED_SQL),
     Migration("0102_access_tokens", ACCESS_TOKENS_SQL),
     Migration("0103_fence_check", FENCE_CHECK_SQL),
+    Migration("0104_checkpoint_prune", CHECKPOINT_PRUNE_SQL),
 )
 
 

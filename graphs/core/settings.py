@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     """Conversations inactive this long are deleted (each user may choose a shorter window)."""
     retention_cron: str = "17 * * * *"
     """When the retention job looks for expired conversations (cron; a 6th field is seconds)."""
+    checkpoint_prune_after_hours: float = Field(default=168.0, ge=1.0, le=24 * 3650)
+    """Intermediate super-step checkpoints older than this are pruned (graphs/core/prune.py);
+    heads, questions, fork points and snapshots stay. README, "Checkpoint pruning"."""
+    checkpoint_prune_cron: str = "41 * * * *"
+    """When the pruning job runs (cron; a 6th field is seconds)."""
 
     # Planner.
     planner_step_budget: int = Field(default=6, ge=1, le=30)
