@@ -22,6 +22,7 @@ from graphs.core.persistence import (
     open_persistence,
     start_embedded_postgres,
 )
+from graphs.core.prune import CheckpointPruner
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.timetravel import MessageCheckpoints, SupportAudit
