@@ -18,6 +18,7 @@ from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.citations import CITATION, claim_lines
 from graphs.research.files import NOTES_DIR
 from graphs.research.graph import MAX_TODOS, PlanDecision, build_graph, slug
+from graphs.research.relevance import check_summary
 from graphs.tools.search import LocalCorpus
 from ui.output_guard import TRUSTED_LINKS_KEY, sanitise_report
 from ui.report_pdf import report_pdf
@@ -245,11 +246,7 @@ def _messages(delta: dict[str, Any]) -> list[Any]:
 
 async def _show_check(verification: dict[str, Any]) -> None:
     step = cl.Step(name=CHECK_STEP, type="run", default_open=False)
-    passing, total = verification["passing"], verification["citations"]
-    lines = [f"Round {verification['round']}: {passing} of {total} citations pass the check."]
-    lines += [f"- failed: {claim}" for claim in verification["failing_claims"]]
-    lines += [f"- critic: {claim}" for claim in verification["critic_flags"]]
-    step.output = "\n".join(lines)
+    step.output = "\n".join(check_summary(verification))
     await step.send()
 
 
@@ -292,6 +289,12 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
         listing = "\n".join(f"- {item}" for item in not_verified)
         await cl.Message(
             content=f"**Not verified** — removed from the report because no fetched source supports them:\n\n{listing}",
+            author="Cairn",
+        ).send()
+    if off_topic := values.get("off_topic"):
+        listing = "\n".join(f"- {item}" for item in off_topic)
+        await cl.Message(
+            content=f"**Not about your question** — found, but their passages do not answer it:\n\n{listing}",
             author="Cairn",
         ).send()
     return message
@@ -449,6 +452,8 @@ def research_result(values: dict[str, Any], public_url: str) -> dict[str, Any]:
         "citations": citations,
         "sources": cited,
         "not_verified": list(values.get("not_verified") or []),
+        "off_topic": list(values.get("off_topic") or []),
+        "answered": bool(values.get("answered", True)),
     }
 
 
