@@ -38,11 +38,11 @@ from graphs.research.relevance import (
     Verdict,
     claims_block,
     judge,
-    judged_off_topic,
     not_answered_report,
     off_topic,
     relevance_checked,
     relevant_passing,
+    split_removed,
     unsupported_off_topic,
 )
 from graphs.research.state import State, Todo
@@ -324,7 +324,7 @@ async def check_citations(
         "relevance_checked": reading is not None,
         "relevance": relevance,
         "failing_claims": [c.plain for c in result.failing],
-        "critic_flags": sorted(flagged_text),
+        "critic_flags": [text for text, _ in flagged.values()],
     }
     return {"unsupported": unsupported, "verifications": [verification]}
 
@@ -409,26 +409,11 @@ async def finalize(
     if not checked.ok:  # removal drops every failing line, so this is a broken invariant
         msg = "a report with a failing citation would have been delivered"
         raise AssertionError(msg)
-    removed = dict(zip(removal.lines, removal.not_verified, strict=True))
-    not_verified = [item for n, item in removed.items() if n not in unanswering]
+    not_verified, off = split_removed(removal, set(unanswering), verifications, checked)
     answered = bool(checked.claims)
     final = delivered_report(removal.report, state, records, deps, answered=answered, last=last)
-    off = [item for n, item in removed.items() if n in unanswering]
-    off = list(
-        dict.fromkeys(
-            [*judged_off_topic(verifications, {c.plain[:300] for c in checked.claims}), *off]
-        )
-    )
     await remember_sources(result, records, runtime)
     metrics = run_metrics(state, removed=len(not_verified), off_topic=len(off), answered=answered)
-    reply = final or "I could not verify any claim for this question, so there is no report."
-    messages: list[Any] = [AIMessage(reply)]
-    if not_verified:
-        listing = "\n".join(f"- {item}" for item in not_verified)
-        messages.append(AIMessage(f"Not verified (removed from the report):\n{listing}"))
-    if off:
-        listing = "\n".join(f"- {item}" for item in off)
-        messages.append(AIMessage(f"Not about the question (removed from the report):\n{listing}"))
     return {
         "report": final,
         "not_verified": not_verified,
@@ -437,8 +422,22 @@ async def finalize(
         # The thread's final_report.md is the checked one, or none: never the raw draft.
         "files": {REPORT_PATH: _file(final, state) if final else None},
         "metrics": metrics,
-        "messages": messages,
+        "messages": final_messages(final, not_verified, off),
     }
+
+
+def final_messages(final: str, not_verified: list[str], off: list[str]) -> list[AIMessage]:
+    """The report (or why there is none), then what was removed from it and why, apart."""
+    reply = final or "I could not verify any claim for this question, so there is no report."
+    messages = [AIMessage(reply)]
+    for items, heading in (
+        (not_verified, "Not verified (removed from the report)"),
+        (off, "Not about the question (removed from the report)"),
+    ):
+        if items:
+            listing = "\n".join(f"- {item}" for item in items)
+            messages.append(AIMessage(f"{heading}:\n{listing}"))
+    return messages
 
 
 def delivered_report(

@@ -12,7 +12,7 @@ from graphs.research.citations import NOT_ANSWERED, RELEVANCE_UNCHECKED
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from graphs.research.citations import CheckResult, Claim
+    from graphs.research.citations import CheckResult, Claim, Removal
     from graphs.research.state import ClaimRelevance, Todo, Verification
     from graphs.tools.fetchlog import FetchRecord
 
@@ -21,6 +21,8 @@ MAX_JUDGED_CLAIMS = 100
 MAX_VERDICTS = 2 * MAX_JUDGED_CLAIMS
 """Verdicts read per round: a flood is cut before it is matched."""
 MAX_SEARCHED_LISTED = 20
+CLAIM_CHARS = 300
+"""How much of a claim's text a verdict keeps: enough to tell it from the claim on the next line."""
 REOPEN_PREFIX = "Re-research or remove ("
 """How reopen_claims words a todo; such todos are repairs, not topics the user approved."""
 OFF_TOPIC = "off-topic"
@@ -74,7 +76,12 @@ def _relevance(claim: Claim, verdicts: list[Verdict], *, checked: bool) -> Claim
         relevant = answers == {True}
         why = next((v.reason for v in verdicts if v.reason.strip()), "")
         reason = "" if relevant else f"{OFF_TOPIC}: {_one_line(why) or 'not about the question'}"
-    return {"line": claim.line, "claim": claim.plain[:300], "relevant": relevant, "reason": reason}
+    return {
+        "line": claim.line,
+        "claim": claim.plain[:CLAIM_CHARS],
+        "relevant": relevant,
+        "reason": reason,
+    }
 
 
 def relevant_passing(result: CheckResult, relevance: list[ClaimRelevance]) -> int:
@@ -87,7 +94,7 @@ def relevant_lines(result: CheckResult, relevance: Iterable[ClaimRelevance]) -> 
     """Lines of the claims judged relevant, matched by line and text: a verdict kept for one
     claim never carries over to another that came to stand on its line."""
     judged = {(r["line"], r["claim"]) for r in relevance if r["relevant"]}
-    return {c.line for c in result.claims if (c.line, c.plain[:300]) in judged}
+    return {c.line for c in result.claims if (c.line, c.plain[:CLAIM_CHARS]) in judged}
 
 
 def off_topic(result: CheckResult, verification: Verification | None) -> dict[int, str]:
@@ -114,6 +121,18 @@ def judged_off_topic(verifications: list[Verification], kept: set[str]) -> list[
         for r in v.get("relevance") or []
         if not r["relevant"] and r["reason"].startswith(OFF_TOPIC) and r["claim"] not in kept
     ]
+
+
+def split_removed(
+    removal: Removal, unanswering: set[int], verifications: list[Verification], kept: CheckResult
+) -> tuple[list[str], list[str]]:
+    """The removed claims as (not verified, off-topic); the off-topic ones include those an
+    earlier round judged off-topic and the writer has since removed."""
+    removed = dict(zip(removal.lines, removal.not_verified, strict=True))
+    not_verified = [item for n, item in removed.items() if n not in unanswering]
+    off = [item for n, item in removed.items() if n in unanswering]
+    earlier = judged_off_topic(verifications, {c.plain[:CLAIM_CHARS] for c in kept.claims})
+    return not_verified, list(dict.fromkeys([*earlier, *off]))
 
 
 def relevance_checked(verification: Verification | None) -> bool:
