@@ -136,6 +136,12 @@ def fenced_blocks(text: str) -> list[str]:
     return [body for _tag, body in _FENCED.findall(text)]
 
 
+def fenced_block(text: str, tag: str) -> str | None:
+    """The body of the last closed <tag>...</tag> block in text, or None."""
+    bodies = [body for name, body in _FENCED.findall(text) if name == tag]
+    return bodies[-1] if bodies else None
+
+
 def bullet_lines(text: str) -> list[str]:
     return re.findall(r"^- (.+)$", text, re.M)
 

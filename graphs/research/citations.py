@@ -7,7 +7,8 @@ Citation syntax (the prompts teach it; nothing else counts as a citation):
 A citation is a Markdown link whose text is a double-quoted, verbatim excerpt of the cited page
 (straight or curly quotes). A *claim* is one line of the report body: a paragraph line or a
 list item. Headings, blank lines, rules and anything under a "Sources"/"References" heading are
-structure, not claims. A claim passes only when it carries at least one citation and every one
+structure, not claims, and so are the fixed notices code writes (`NOTICES`): they state no fact a
+citation could back. A claim passes only when it carries at least one citation and every one
 of its citations passes. Fetch-log ids written in the report are ignored: the only evidence is
 the fetch log the fetch tool wrote for this thread.
 """
@@ -55,6 +56,10 @@ NEVER_FETCHED = "the URL was never fetched in this thread"
 QUOTE_NOT_FOUND = "the quoted excerpt is not in the fetched page"
 QUOTE_TOO_SHORT = f"the quoted excerpt is shorter than {MIN_QUOTE_CHARS} characters"
 UNCITED = "the claim has no citation"
+NOT_ANSWERED = "The sources searched do not answer this question."
+RELEVANCE_UNCHECKED = "Cairn could not check whether the sources searched answer this question."
+NOTICES = frozenset({NOT_ANSWERED, RELEVANCE_UNCHECKED})
+"""Sentences only code puts in a delivered report (graphs/research/relevance.py)."""
 
 
 def normalise_text(text: str) -> str:
@@ -165,6 +170,8 @@ def claim_lines(report: str) -> list[tuple[int, str]]:
             continue
         if in_code or in_sources or not stripped or _RULE.match(stripped):
             continue
+        if stripped in NOTICES:
+            continue
         if stripped.startswith("|") and set(stripped) <= set("|-: "):
             continue
         lines.append((number, line))
@@ -177,6 +184,8 @@ class Removal:
     """The report without its failing claims."""
     not_verified: list[str]
     """Each removed claim, in plain text with the reason, for the user (outside the report)."""
+    lines: list[int] = field(default_factory=list)
+    """The removed claims' line numbers in the checked report, in the order of `not_verified`."""
 
 
 def remove_failing(
@@ -189,8 +198,12 @@ def remove_failing(
             reasons[claim.line] = (claim, flagged[claim.line])
     kept = drop_empty_sections([ln for i, ln in enumerate(report.splitlines()) if i not in reasons])
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip() + "\n"
-    removed = [f"{claim.plain} — {reason}" for _, (claim, reason) in sorted(reasons.items())]
-    return Removal(text, removed)
+    removed = sorted(reasons.items())
+    return Removal(
+        text,
+        [f"{claim.plain} — {reason}" for _, (claim, reason) in removed],
+        [n for n, _ in removed],
+    )
 
 
 def drop_empty_sections(lines: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Research graph: write_plan -> review_plan (interrupt) -> research <-> check_citations/critique_report -> finalize."""
+"""Research graph: write_plan -> review_plan (interrupt) -> research <-> check_citations/reopen_claims -> finalize."""
 
 from __future__ import annotations
 
@@ -30,14 +30,26 @@ from graphs.research.agents import (
     build_researcher,
     usage_of,
 )
-from graphs.research.citations import check_report, normalise_text, remove_failing
+from graphs.research.citations import NOTICES, check_report, normalise_text, remove_failing
 from graphs.research.files import REPORT_PATH
 from graphs.research.metrics import run_metrics
 from graphs.research.prompts import CRITIC_PROMPT, PLANNER_PROMPT
+from graphs.research.relevance import (
+    Verdict,
+    claims_block,
+    judge,
+    not_answered_report,
+    off_topic,
+    relevance_checked,
+    relevant_passing,
+    split_removed,
+    unsupported_off_topic,
+)
 from graphs.research.state import State, Todo
 from graphs.tools.fetch import Fetcher, make_fetch_tool
 from graphs.tools.fetchlog import FetchLog, FetchRecord
 from graphs.tools.search import (
+    LocalCorpus,
     SearchProvider,
     make_search_tool,
 )
@@ -89,6 +101,10 @@ class Critique(BaseModel):
     flags: list[Flag] = Field(
         default_factory=list, description="Claims whose quote does not support them."
     )
+    verdicts: list[Verdict] = Field(
+        default_factory=list,
+        description="One verdict per numbered claim: does its passage answer the question?",
+    )
 
 
 @tool
@@ -115,6 +131,13 @@ class ResearchTools:
     @property
     def fetch_log(self) -> FetchLog:
         return self.fetcher.log
+
+    @property
+    def searched(self) -> str:
+        """Where searches went, as the report names it."""
+        if isinstance(self.search, LocalCorpus):
+            return f"the {self.search.name} corpus"
+        return self.search.name
 
 
 def default_tools(store: BaseStore | None, settings: Settings) -> ResearchTools:
@@ -212,6 +235,8 @@ async def write_plan(state: State, *, deps: ResearchDeps) -> dict[str, Any]:
         "unsupported": [],
         "report": "",
         "not_verified": [],
+        "off_topic": [],
+        "answered": False,
         "metrics": {},
         "verifications": None,
         "usage": None,
@@ -282,43 +307,63 @@ async def check_citations(
     report = file_text(state, REPORT_PATH)
     records = await deps.tools.fetch_log.for_thread(runtime.context.thread_id)
     result = check_report(report, records)
-    flags = await critique(report, state, deps.critic)
+    reading = await critique(report, state, deps.critic, result)
+    relevance = judge(result.claims, reading.verdicts if reading else None)
     unsupported = [f"{c.plain} — {c.reason}" for c in result.failing]
-    flagged = flagged_lines(result, flags)
+    flagged = flagged_lines(result, reading.flags if reading else [])
     unsupported += [f"{text} — critic: {why}" for text, why in flagged.values()]
+    flagged_text = {text for text, _ in flagged.values()}
+    unsupported += [
+        u for u in unsupported_off_topic(relevance) if u.split(" — ")[0] not in flagged_text
+    ]
     verification = {
         "round": state.get("critique_round", 0),
         "citations": len(result.citations),
         "passing": sum(c.passed for c in result.citations),
+        "relevant_passing": relevant_passing(result, relevance),
+        "relevance_checked": reading is not None,
+        "relevance": relevance,
         "failing_claims": [c.plain for c in result.failing],
         "critic_flags": [text for text, _ in flagged.values()],
     }
     return {"unsupported": unsupported, "verifications": [verification]}
 
 
-async def critique(report: str, state: State, critic: Runnable[Any, Any]) -> list[Flag]:
-    """The critic's flags on the report, read against the notes; none for an empty report."""
+async def critique(
+    report: str, state: State, critic: Runnable[Any, Any], result: Any
+) -> Critique | None:
+    """The critic's reading of the report against the notes and the question; None when its
+    answer is unusable. An empty report has nothing to read: an empty reading."""
     if not report.strip():
-        return []
+        return Critique()
+    try:
+        answer = await critic.ainvoke(
+            [SystemMessage(CRITIC_PROMPT), HumanMessage(critic_input(report, state, result))]
+        )
+        reading = Critique.model_validate(answer)
+    except (ValidationError, OutputParserException, ModelRefusalError, ValueError) as exc:
+        # Without the critic's reading the code's check of every citation against the fetch
+        # log still decides what is true, and no claim counts as answering the question.
+        log.warning("the critic's answer was unusable: %s", " ".join(str(exc).split())[:200])
+        return None
+    # Each flag is matched against every claim: a flood of them is cut, not worked through.
+    return reading.model_copy(update={"flags": reading.flags[:MAX_CRITIC_FLAGS]})
+
+
+def critic_input(report: str, state: State, result: Any) -> str:
+    """What the critic reads: the question and its topics, the notes, the report and its
+    claims numbered (a verdict names a number, so code matches it to exactly one claim)."""
     notes = "\n\n".join(
         f"<notes path={p!r}>\n{file_text(state, p)}\n</notes>"
         for p in sorted(state.get("files") or {})
         if p.startswith("/notes/")
     )
-    try:
-        answer = await critic.ainvoke(
-            [
-                SystemMessage(CRITIC_PROMPT),
-                HumanMessage(f"{notes}\n\n<report>\n{report}\n</report>"),
-            ]
-        )
-        # Each flag is matched against every claim: a flood of them is cut, not worked through.
-        return Critique.model_validate(answer).flags[:MAX_CRITIC_FLAGS]
-    except (ValidationError, OutputParserException, ModelRefusalError, ValueError) as exc:
-        # The critic only adds doubts: without its reading, the code's check of every
-        # citation against the fetch log still decides what stays in the report.
-        log.warning("the critic's answer was unusable: %s", " ".join(str(exc).split())[:200])
-        return []
+    topics = "\n".join(f"- {t['content']}" for t in state.get("todos") or [])
+    return (
+        f"<question>\n{state.get('question', '')}\n</question>\n\n<topics>\n{topics}\n</topics>"
+        f"\n\n{notes}\n\n<report>\n{report}\n</report>\n\n"
+        f"<claims>\n{claims_block(result.claims)}\n</claims>"
+    )
 
 
 def route_after_check(state: State, *, deps: ResearchDeps) -> Literal["reopen_claims", "finalize"]:
@@ -351,33 +396,74 @@ async def finalize(
     records = await deps.tools.fetch_log.for_thread(runtime.context.thread_id)
     result = check_report(report, records)
     verifications = state.get("verifications") or []
-    critic_flags = set(verifications[-1]["critic_flags"]) if verifications else set()
+    last = verifications[-1] if verifications else None
+    critic_flags = set(last["critic_flags"]) if last else set()
     flagged = {
         c.line: "critic: quote does not support the claim"
         for c in result.claims
         if c.plain in critic_flags
     }
-    removal = remove_failing(report, result, flagged=flagged)
+    unanswering = {n: why for n, why in off_topic(result, last).items() if n not in flagged}
+    removal = remove_failing(report, result, flagged={**unanswering, **flagged})
     checked = check_report(removal.report, records)
     if not checked.ok:  # removal drops every failing line, so this is a broken invariant
         msg = "a report with a failing citation would have been delivered"
         raise AssertionError(msg)
-    final = removal.report if checked.claims else ""
+    not_verified, off = split_removed(removal, set(unanswering), verifications, checked)
+    answered = bool(checked.claims)
+    final = delivered_report(removal.report, state, records, deps, answered=answered, last=last)
     await remember_sources(result, records, runtime)
-    metrics = run_metrics(state, removed=len(removal.not_verified))
-    reply = final or "I could not verify any claim for this question, so there is no report."
-    messages: list[Any] = [AIMessage(reply)]
-    if removal.not_verified:
-        listing = "\n".join(f"- {item}" for item in removal.not_verified)
-        messages.append(AIMessage(f"Not verified (removed from the report):\n{listing}"))
+    metrics = run_metrics(state, removed=len(not_verified), off_topic=len(off), answered=answered)
     return {
         "report": final,
-        "not_verified": removal.not_verified,
+        "not_verified": not_verified,
+        "off_topic": off,
+        "answered": answered,
         # The thread's final_report.md is the checked one, or none: never the raw draft.
         "files": {REPORT_PATH: _file(final, state) if final else None},
         "metrics": metrics,
-        "messages": messages,
+        "messages": final_messages(final, not_verified, off),
     }
+
+
+def final_messages(final: str, not_verified: list[str], off: list[str]) -> list[AIMessage]:
+    """The report (or why there is none), then what was removed from it and why, apart."""
+    reply = final or "I could not verify any claim for this question, so there is no report."
+    messages = [AIMessage(reply)]
+    for items, heading in (
+        (not_verified, "Not verified (removed from the report)"),
+        (off, "Not about the question (removed from the report)"),
+    ):
+        if items:
+            listing = "\n".join(f"- {item}" for item in items)
+            messages.append(AIMessage(f"{heading}:\n{listing}"))
+    return messages
+
+
+def delivered_report(
+    checked: str,
+    state: State,
+    records: list[FetchRecord],
+    deps: ResearchDeps,
+    *,
+    answered: bool,
+    last: Any,
+) -> str:
+    """The checked report when a claim answers the question. When none does but a draft was
+    written, the honest report: it says so first and lists what was searched. No draft (the
+    round stopped before it): no report."""
+    if answered:
+        lines = [ln for ln in checked.splitlines() if ln.strip() not in NOTICES]
+        return "\n".join(lines).strip() + "\n"
+    if not file_text(state, REPORT_PATH).strip():
+        return ""
+    return not_answered_report(
+        state.get("question", ""),
+        state.get("todos") or [],
+        records,
+        deps.tools.searched,
+        checked=relevance_checked(last),
+    )
 
 
 async def remember_sources(

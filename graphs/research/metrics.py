@@ -1,4 +1,4 @@
-"""Per-run research metrics: citation precision, claims removed, critique rounds, tool calls, tokens, wall time."""
+"""Per-run research metrics: citation precision and relevance, claims removed, critique rounds, tool calls, tokens, wall time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from graphs.research.state import State
 
 
-def run_metrics(state: State, *, removed: int) -> dict[str, Any]:
+def run_metrics(state: State, *, removed: int, off_topic: int, answered: bool) -> dict[str, Any]:
     verifications = state.get("verifications") or []
     first = verifications[0] if verifications else {"citations": 0, "passing": 0}
     usage = state.get("usage") or []
@@ -20,7 +20,11 @@ def run_metrics(state: State, *, removed: int) -> dict[str, Any]:
         if first["citations"]
         else 1.0,
         "citations_first_draft": first["citations"],
+        # Of the first draft's passing citations, those on claims that answer the question.
+        "relevant_citations_first_draft": first.get("relevant_passing", 0),
+        "answered": answered,
         "claims_removed": removed,
+        "claims_off_topic": off_topic,
         "critique_rounds": state.get("critique_round", 0),
         "tool_calls": sum(u["tool_calls"] for u in usage),
         "subagent_runs": sum(u["agent"] == "researcher" for u in usage),

@@ -1,8 +1,9 @@
 """The Research agent's behaviour under the offline model: plain rules, so a whole run works without a key.
 
 The role is read off the tools it is offered: `task` (delegation) makes it the orchestrator,
-`web_search` / `fetch_url` the research subagent, `write_todos` alone the planner. The critic's
-Critique gets the generic minimal value: no flags."""
+`web_search` / `fetch_url` the research subagent, `write_todos` alone the planner. The critic is
+the structured output with `verdicts`: it flags nothing and judges relevance lexically
+(`relevance_verdicts`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
-from graphs.core.offline import OfflineChatModel, Turn, bullet_lines, say
+from graphs.core.offline import (
+    NUMBERED_LINE,
+    OfflineChatModel,
+    Turn,
+    bullet_lines,
+    fenced_block,
+    say,
+)
 from graphs.research.citations import Claim, normalise_text
 from graphs.tools.search import STOPWORDS, WORD_RE
 
@@ -32,6 +40,9 @@ class OfflineResearchModel(OfflineChatModel):
     """Test hook: the report gains one claim whose quote is in no fetched page."""
     fix_revisions: bool = True
     """False (test hook): asked to fix unsupported claims, the orchestrator leaves them in."""
+    relevance_share: float = 0.5
+    """The offline critic counts a claim as answering when its text and quote hold at least this
+    share of the content words of the question or of one of its topics."""
 
     def respond(self, turn: Turn) -> AIMessage | None:
         if "task" in turn.tools:
@@ -40,6 +51,12 @@ class OfflineResearchModel(OfflineChatModel):
             return _researcher_step(turn)
         if "write_todos" in turn.tools:
             return _planner_step(turn)
+        return None
+
+    def answer(self, schema: dict[str, Any] | type, turn: Turn) -> Any:
+        fields = getattr(schema, "model_fields", None) or {}
+        if "verdicts" in fields and "flags" in fields:
+            return {"flags": [], "verdicts": relevance_verdicts(turn.request, self.relevance_share)}
         return None
 
 
@@ -131,6 +148,37 @@ def _best_sentences(text: str, words: set[str]) -> list[str]:
         if 30 <= len(s) <= 300 and '"' not in s
     ]
     return [s for score, _, s in sorted(scored, reverse=True) if score > 0]
+
+
+# Critic -------------------------------------------------------------------------------------
+
+
+def relevance_verdicts(text: str, share: float) -> list[dict[str, Any]]:
+    """A verdict per numbered claim of the <claims> block: lexical overlap with the <question>
+    and <topics> blocks, an offline fallback for the critic's reading.
+
+    It fails where words and meaning part: a passage that answers in other words (synonyms,
+    another language) is judged off-topic; one that shares enough words while being about
+    something else ("best" in "best-known") is judged relevant when the question is short.
+    """
+    question = fenced_block(text, "question") or ""
+    topics = bullet_lines(fenced_block(text, "topics") or "")
+    wanted = [t for t in (_terms(q) for q in [question, *topics]) if t]
+    verdicts = []
+    for line in (fenced_block(text, "claims") or "").splitlines():
+        number, _, claim = line.partition(". ")
+        if not number.isdigit() or not NUMBERED_LINE.match(line):
+            continue
+        words = _terms(claim)
+        covered = max((len(w & words) / len(w) for w in wanted), default=0.0)
+        verdicts.append(
+            {
+                "claim": int(number),
+                "answers_question": covered >= share,
+                "reason": "" if covered >= share else "it shares too few words with the question",
+            }
+        )
+    return verdicts
 
 
 # Orchestrator -------------------------------------------------------------------------------

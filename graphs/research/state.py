@@ -39,12 +39,29 @@ class Usage(TypedDict):
     tokens: int
 
 
+class ClaimRelevance(TypedDict):
+    """Whether one claim's cited passage answers the question, as code read the critic's verdict."""
+
+    line: int
+    """0-based line of the claim in the checked draft."""
+    claim: str
+    relevant: bool
+    reason: str
+    """Why it does not count as an answer (empty when it does)."""
+
+
 class Verification(TypedDict):
-    """One check of the draft: the deterministic citation check plus the critic's flags."""
+    """One check of the draft: the deterministic citation check plus the critic's reading."""
 
     round: int
     citations: int
     passing: int
+    """Citations whose quote is in a page this thread fetched."""
+    relevant_passing: int
+    """Passing citations on claims the critic judged to answer the question."""
+    relevance_checked: bool
+    """False when the critic's reading was unusable: then no claim counts as relevant."""
+    relevance: list[ClaimRelevance]
     failing_claims: list[str]
     critic_flags: list[str]
 
@@ -72,6 +89,10 @@ class State(TypedDict):
     """The delivered report: only claims whose citations pass the check."""
     not_verified: list[str]
     """Claims removed at the cap, shown to the user outside the report."""
+    off_topic: list[str]
+    """Claims whose quote passed but whose passage does not answer the question, removed."""
+    answered: bool
+    """Whether the delivered report has a checked claim that answers the question."""
     metrics: dict[str, Any]
     started_at: float
 

@@ -21,10 +21,8 @@ def send(page, text: str) -> None:
     page.keyboard.press("Enter")
 
 
-def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
-    app_server, browser, tmp_path
-):
-    page = login(browser, app_server, "alice")
+def research_page(browser, app_server, user: str):
+    page = login(browser, app_server, user)
     # Switching profile restarts the session: wait for the old greeting to go, then the new one.
     old_greeting = page.get_by_text("offline stand-in model").last.element_handle()
     page.locator("#chat-profiles").click()
@@ -32,6 +30,13 @@ def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
     old_greeting.wait_for_element_state("hidden")
     expect(page.locator("#chat-profiles")).to_contain_text("Research")
     wait_until_connected(page)
+    return page
+
+
+def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
+    app_server, browser, tmp_path
+):
+    page = research_page(browser, app_server, "alice")
 
     send(page, QUESTION)
     expect(page.get_by_text("I plan to research these topics")).to_be_visible()
@@ -65,4 +70,22 @@ def test_research_with_edited_topics_delivers_a_report_whose_citations_open(
         assert response.status == 200
         assert normalise_text(citation["quote"]) in normalise_text(response.text())
     assert not re.search(r"fetch.log", report, re.I)
+    page.context.close()
+
+
+def test_a_question_the_sample_corpus_does_not_cover_gets_an_honest_report(app_server, browser):
+    page = research_page(browser, app_server, "bob")
+    send(page, "What is the best way to get from Lisbon airport to the city centre?")
+    page.get_by_role("button", name="Approve").click()
+
+    expect(
+        page.get_by_text("The sources searched do not answer this question.").first
+    ).to_be_visible(timeout=90_000)
+    expect(page.get_by_text("Sources searched").first).to_be_visible()
+    expect(page.get_by_text("Not about your question").first).to_be_visible()
+    # The citation step counts the passing citations that answer the question apart.
+    page.get_by_text("Checking citations").first.click()
+    expect(
+        page.get_by_text("0 of the 1 passing citations cite a passage that answers the question.")
+    ).to_be_visible()
     page.context.close()

@@ -144,7 +144,7 @@ async def test_plan_approval_subagents_check_critique_and_removal_at_cap(persist
     assert len(check.citations) >= 4
     assert all(c.fetch_log_id in {r.id for r in records} for c in check.citations)
     assert final["files"]["/final_report.md"]["content"] == report
-    assert final["messages"][-1].text.startswith("Not verified")
+    assert any(m.text.startswith("Not verified") for m in final["messages"][-2:])
 
     # After the check, code (not a model) recorded how the sources' quotes held up.
     [memory] = await persistence.store.asearch(("alice", "research", "memories"))
@@ -274,7 +274,8 @@ async def test_a_second_question_in_the_thread_starts_a_fresh_run(persistence):
         final = await graph.ainvoke(
             Command(resume={"decision": "approve"}), config, context=context
         )
-    assert len(final["verifications"]) == 1
+    # This question's checks only: one per round (an off-topic claim may cost a round).
+    assert len(final["verifications"]) == final["critique_round"] + 1
     assert final["metrics"]["subagent_runs"] == 1
     assert set(final["files"]) == {
         "/notes/what-causes-colony-collapse-disorder.md",
@@ -302,7 +303,8 @@ def flagging_critic(schema: Any, messages: list[BaseMessage]) -> Any:
 async def test_a_claim_the_critic_flags_becomes_a_todo_and_is_removed_at_the_cap(persistence):
     class FlaggingCritic(RecordingModel):
         def answer(self, schema: Any, turn: Turn) -> Any:
-            return flagging_critic(schema, turn.messages)
+            flags = flagging_critic(schema, turn.messages)
+            return {**super().answer(schema, turn), **flags} if flags else None
 
     model = FlaggingCritic(fix_revisions=False)
     graph = graph_for(persistence, model)
@@ -371,3 +373,51 @@ async def test_a_round_stopped_by_the_time_limit_keeps_its_notes_and_delivers_no
     assert any(p.startswith("/notes/") for p in final["files"])  # the work done is kept
     assert final["report"] == ""
     assert "could not verify" in final["messages"][-1].text
+
+
+OFF_TOPIC_QUESTION = "What is the best way to get from Lisbon airport to the city centre?"
+
+
+async def test_a_question_the_sources_do_not_cover_gets_an_honest_report(persistence):
+    tools = tools_for(persistence)
+    graph = graph_for(persistence, OfflineResearchModel(), tools)
+    config, context = run_args("research-graph-off-topic")
+    await graph.ainvoke({"messages": [HumanMessage(OFF_TOPIC_QUESTION)]}, config, context=context)
+    final = await graph.ainvoke(Command(resume={"decision": "approve"}), config, context=context)
+
+    report = final["report"]
+    lines = [ln for ln in report.splitlines() if ln.strip()]
+    assert lines[0] == f"# {OFF_TOPIC_QUESTION}"
+    assert lines[1] == "The sources searched do not answer this question."  # up front
+    assert "## Sources searched" in report
+    assert f"Searched the sample corpus for: {OFF_TOPIC_QUESTION.rstrip('?')}" in report
+    records = await tools.fetch_log.for_thread("research-graph-off-topic")
+    assert records
+    assert all(f"`{r.final_url}`" in report for r in records)
+    assert "pollinators" not in report.split("## Sources searched")[0]
+    assert check_report(report, records).ok
+    assert final["answered"] is False
+    assert final["off_topic"]  # what was found and set aside, outside the report
+    assert final["metrics"]["answered"] is False
+    assert final["metrics"]["relevant_citations_first_draft"] == 0
+    assert final["messages"][-2].text == report
+
+    # The first draft quoted a page that exists but is about something else: it passed the
+    # existence check and was counted apart, as not answering the question.
+    first = final["verifications"][0]
+    assert first["passing"] >= 1
+    assert first["relevant_passing"] == 0
+    assert not any(r["relevant"] for r in first["relevance"])
+
+
+async def test_a_question_the_sources_cover_still_gets_its_sourced_report(persistence):
+    graph = graph_for(persistence, OfflineResearchModel())
+    config, context = run_args("research-graph-on-topic")
+    await graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, config, context=context)
+    final = await graph.ainvoke(Command(resume={"decision": "approve"}), config, context=context)
+
+    assert final["answered"] is True
+    assert final["verifications"][-1]["relevant_passing"] >= 4
+    assert "Svalbard Global Seed Vault" in final["report"]
+    assert "waggle run" in final["report"]
+    assert "do not answer" not in final["report"]

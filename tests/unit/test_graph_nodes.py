@@ -42,6 +42,7 @@ from graphs.research.graph import (
 from graphs.research.graph import (
     finalize as research_finalize,
 )
+from graphs.research.relevance import Verdict
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import MemoryFetchLog, new_record
 from graphs.tools.search import LocalCorpus
@@ -156,7 +157,8 @@ async def test_check_citations_then_finalize_keep_only_the_fetched_quote() -> No
     await log.record(
         new_record(thread_id="t1", url=VAULT, final_url=VAULT, status=200, title="v", content=PAGE)
     )
-    model = ScriptedChatModel(structured=[Critique(flags=[])])
+    answers = Verdict(claim=1, answers_question=True)
+    model = ScriptedChatModel(structured=[Critique(flags=[], verdicts=[answers])])
     deps = research_deps(model, log)
     state: dict[str, Any] = report_state(f"# Seed vault\n\n{GOOD}\n{INVENTED}\n")
 

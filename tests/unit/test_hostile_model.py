@@ -37,6 +37,7 @@ from graphs.research.agents import (
     RESEARCHER,
     build_orchestrator,
 )
+from graphs.research.citations import check_report
 from graphs.research.files import REPORT_PATH
 from graphs.research.graph import (
     MAX_CRITIC_FLAGS,
@@ -360,11 +361,13 @@ async def test_a_critic_flood_is_cut_before_it_is_matched() -> None:
         "files": {REPORT_PATH: dict(create_file_data(f"# Vault\n\n{INVENTED}\n"))}
     }
 
+    report = f"# Vault\n\n{INVENTED}\n"
     kept = await critique(
-        f"# Vault\n\n{INVENTED}\n", state, critic.with_structured_output(Critique)
+        report, state, critic.with_structured_output(Critique), check_report(report, [])
     )
 
-    assert len(kept) == MAX_CRITIC_FLAGS
+    assert kept is not None
+    assert len(kept.flags) == MAX_CRITIC_FLAGS
 
 
 def test_a_flood_of_unsupported_claims_reopens_at_most_a_plans_worth() -> None:

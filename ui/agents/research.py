@@ -115,6 +115,8 @@ def research_result(values: dict[str, Any], public_url: str) -> dict[str, Any]:
         "citations": citations,
         "sources": cited,
         "not_verified": list(values.get("not_verified") or []),
+        "off_topic": list(values.get("off_topic") or []),
+        "answered": bool(values.get("answered", True)),
     }
 
 

@@ -13,6 +13,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.files import NOTES_DIR
 from graphs.research.graph import slug
+from graphs.research.relevance import check_summary
 from ui.agents.research import cited_urls, served_links
 from ui.chainlit.agents import Presentation
 from ui.chainlit.surface import ask_question, new_reply
@@ -232,11 +233,7 @@ def _messages(delta: dict[str, Any]) -> list[Any]:
 
 async def _show_check(verification: dict[str, Any]) -> None:
     step = cl.Step(name=CHECK_STEP, type="run", default_open=False)
-    passing, total = verification["passing"], verification["citations"]
-    lines = [f"Round {verification['round']}: {passing} of {total} citations pass the check."]
-    lines += [f"- failed: {claim}" for claim in verification["failing_claims"]]
-    lines += [f"- critic: {claim}" for claim in verification["critic_flags"]]
-    step.output = "\n".join(lines)
+    step.output = "\n".join(check_summary(verification))
     await step.send()
 
 
@@ -279,6 +276,12 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
         listing = "\n".join(f"- {item}" for item in not_verified)
         await cl.Message(
             content=f"**Not verified** — removed from the report because no fetched source supports them:\n\n{listing}",
+            author="Cairn",
+        ).send()
+    if off_topic := values.get("off_topic"):
+        listing = "\n".join(f"- {item}" for item in off_topic)
+        await cl.Message(
+            content=f"**Not about your question** — found, but their passages do not answer it:\n\n{listing}",
             author="Cairn",
         ).send()
     return message
