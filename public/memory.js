@@ -72,6 +72,8 @@ function render() {
   renderSettings();
   renderSuggestions();
   renderMemories();
+  renderSources();
+  renderPlans();
   renderConversations();
 }
 
@@ -255,6 +257,82 @@ async function removeMemory(m) {
   try {
     await api("DELETE", "/api/memory/items/" + encodeURIComponent(m.key));
     say("Deleted. Cairn will not use or learn it again.");
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
+}
+
+// Where an agent memory came from: links to the user's conversations that still exist.
+function fromConversations(meta, items, unnamed) {
+  const named = items.filter((c) => c.conversation);
+  named.forEach((c, i) => meta.append(i ? ", " : " · from ", conversationLink(c.thread_id, c.conversation)));
+  if (unnamed || named.length < items.length) {
+    meta.append(named.length ? " and earlier or deleted conversations" : " · from earlier or deleted conversations");
+  }
+}
+
+function deleteButton(label, onClick) {
+  const button = el("button", label, "delete destructive");
+  button.type = "button";
+  button.addEventListener("click", onClick);
+  const actions = el("div", null, "actions");
+  actions.append(button);
+  return actions;
+}
+
+function renderSources() {
+  const list = $("sources");
+  list.replaceChildren();
+  if (state.research_sources.length === 0) {
+    list.append(el("li", "No source ratings yet.", "hint"));
+    return;
+  }
+  for (const s of state.research_sources) {
+    const item = el("li", null, "source");
+    item.dataset.id = s.id;
+    item.append(el("div", s.source, "text"));
+    const meta = el("div", s.passed + " of " + s.total + " quoted excerpts held up · last cited " + s.last_cited, "meta");
+    fromConversations(meta, s.conversations, s.from_unnamed_conversations);
+    item.append(meta, deleteButton("Delete", () => removeAgentMemory(
+      "/api/memory/sources/", s.id, "Delete what Research learned about " + s.source + "?", "Deleted.")));
+    list.append(item);
+  }
+}
+
+const OUTCOMES = {
+  answered: "ended with an answer",
+  partial: "ended with a partial answer",
+  rejected: "plan rejected",
+  failed: "failed",
+};
+
+function renderPlans() {
+  const list = $("plans");
+  list.replaceChildren();
+  if (state.plan_examples.length === 0) {
+    list.append(el("li", "No plan examples yet.", "hint"));
+    return;
+  }
+  for (const p of state.plan_examples) {
+    const item = el("li", null, "plan");
+    item.dataset.key = p.key;
+    item.append(el("div", p.goal, "text"));
+    const steps = el("ol", null, "steps");
+    for (const step of p.steps) steps.append(el("li", step));
+    const meta = el("div", (OUTCOMES[p.outcome] || "ended") + " · " + when(p.at), "meta");
+    if (p.thread_id) fromConversations(meta, [{ thread_id: p.thread_id, conversation: p.conversation }], false);
+    item.append(steps, meta, deleteButton("Delete", () => removeAgentMemory(
+      "/api/memory/plans/", p.key, "Delete this plan example?\n\n" + p.goal, "Deleted. The Planner will not use it again.")));
+    list.append(item);
+  }
+}
+
+async function removeAgentMemory(base, id, question, done) {
+  if (!window.confirm(question)) return;
+  try {
+    await api("DELETE", base + encodeURIComponent(id));
+    say(done);
   } catch (error) {
     say(error.message, true);
   }

@@ -9,6 +9,7 @@ header from an allowed origin; the session cookie is SameSite=Lax.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,8 +30,12 @@ from graphs.memory.manage import (
     edit_memory,
     export_memories,
     forget_key,
+    plan_json,
+    source_json,
 )
+from graphs.memory.plans import PlanMemory
 from graphs.memory.policy import MAX_CHARS, SENSITIVE_CATEGORIES, normalise_fact
+from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import MemorySettings, ScopedMemory
 from ui.memory_note import CATEGORY_LABELS, category_label
 from ui.runtime import AppRuntime, Runtime
@@ -152,6 +157,7 @@ def build_router() -> APIRouter:
                 [c["id"] for c in conversations if c["agent"] == "assistant"],
             ),
             "conversations": conversations,
+            **await _agent_memories(runtime, user_id, names),
             "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
             if runtime.memory_jobs
             else 0,
@@ -185,6 +191,19 @@ def build_router() -> APIRouter:
             await forget_key(_memory(runtime, user_id), key)
         except MemoryNotFound:
             raise _not_found("memory", user_id, key) from None
+        return {"deleted": key}
+
+    @router.delete("/api/memory/sources/{ident}", dependencies=[Checked])
+    async def delete_source(ident: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
+        gone = await _research(runtime, user_id).forget_source(_item_id(ident, "source"))
+        if gone is None:
+            raise _not_found("research source", user_id, ident)
+        return {"deleted": ident, "source": gone.source}
+
+    @router.delete("/api/memory/plans/{key}", dependencies=[Checked])
+    async def delete_plan(key: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
+        if await _plans(runtime, user_id).forget(_item_id(key, "plan example")) is None:
+            raise _not_found("plan example", user_id, key)
         return {"deleted": key}
 
     @router.post("/api/memory/suggestions/{suggestion_id:path}", dependencies=[Checked])
@@ -224,7 +243,11 @@ def build_router() -> APIRouter:
 
     @router.get("/api/memory/export")
     async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
-        data = await export_memories(_memory(runtime, user_id))
+        data = await export_memories(
+            _memory(runtime, user_id),
+            research=_research(runtime, user_id),
+            plans=_plans(runtime, user_id),
+        )
         # Every time support opened or forked one of the user's conversations (README).
         data["support_access"] = (
             await runtime.support_audit.for_owner(user_id) if runtime.support_audit else []
@@ -278,6 +301,44 @@ def build_router() -> APIRouter:
 def _memory(runtime: AppRuntime, user_id: str) -> ScopedMemory:
     assert runtime.persistence is not None
     return ScopedMemory(runtime.persistence.store, user_id)
+
+
+ITEM_ID = re.compile(r"[0-9a-f]{32}")
+"""A source's id (graphs.memory.research.source_id) and a plan example's key: 32 hex digits."""
+
+
+def _item_id(ident: str, what: str) -> str:
+    """The client's id, refused unless it has the one shape ids have (no NUL, no length games)."""
+    if not ITEM_ID.fullmatch(ident):
+        log.warning("refused: a malformed %s id (%d characters)", what, len(ident))
+        raise HTTPException(status_code=422, detail=f"That is not a {what} id.")
+    return ident
+
+
+def _research(runtime: AppRuntime, user_id: str) -> ResearchMemory:
+    assert runtime.persistence is not None
+    return ResearchMemory(runtime.persistence.store, user_id)
+
+
+def _plans(runtime: AppRuntime, user_id: str) -> PlanMemory:
+    assert runtime.persistence is not None
+    return PlanMemory(runtime.persistence.store, user_id)
+
+
+async def _agent_memories(
+    runtime: AppRuntime, user_id: str, names: dict[str, str]
+) -> dict[str, Any]:
+    """Research's source ratings and the Planner's examples, each with the conversations it
+    came from (named only while they are the user's and still exist)."""
+    sources = [source_json(s) for s in await _research(runtime, user_id).sources()]
+    for source in sources:
+        source["conversations"] = [
+            {"thread_id": t, "conversation": names.get(t)} for t in source["thread_ids"]
+        ]
+    plans = [plan_json(e) for e in await _plans(runtime, user_id).examples()]
+    for plan in plans:
+        plan["conversation"] = names.get(plan["thread_id"]) if plan["thread_id"] else None
+    return {"research_sources": sources, "plan_examples": plans}
 
 
 def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:

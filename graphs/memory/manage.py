@@ -1,10 +1,10 @@
 """What the user does to their memory by hand: edit, forget, confirm or reject a suggestion,
-forget what one conversation taught, and erase everything. All through ScopedMemory."""
+forget what one conversation taught, export it all. Through the scoped wrappers only."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -13,7 +13,9 @@ from graphs.memory.policy import MemoryOp, check_op
 from graphs.memory.scoped import Memory, ScopedMemory, now_iso
 
 if TYPE_CHECKING:
+    from graphs.memory.plans import PlanExample, PlanMemory
     from graphs.memory.policy import Reason
+    from graphs.memory.research import ResearchMemory, SourceMemory
 
 log = logging.getLogger("cairn.memory")
 
@@ -140,7 +142,38 @@ async def forget_thread_memories(memory: ScopedMemory, thread_id: str) -> int:
     return forgotten
 
 
-async def export_memories(memory: ScopedMemory) -> dict[str, Any]:
+def source_json(source: SourceMemory) -> dict[str, Any]:
+    """A source rating as the page and the export show it (`id` is what a delete names)."""
+    return {
+        "id": source.id,
+        "source": source.source,
+        "passed": source.passed,
+        "total": source.total,
+        "last_cited": source.last,
+        "thread_ids": list(source.threads),
+        "from_unnamed_conversations": source.earlier,
+    }
+
+
+def plan_json(example: PlanExample) -> dict[str, Any]:
+    return asdict(example)
+
+
+async def export_agent_memories(research: ResearchMemory, plans: PlanMemory) -> dict[str, Any]:
+    """The other agents' memories of the user: Research's source ratings, the Planner's
+    examples, and the deletes that keep them from coming back."""
+    forgotten = await research.forgotten()
+    return {
+        "research_sources": [source_json(s) for s in await research.sources()],
+        "research_sources_deleted": [{"source": s, "at": at} for s, at in forgotten.items()],
+        "plan_examples": [plan_json(e) for e in await plans.examples()],
+        "plan_examples_deleted": await plans.forgotten(),
+    }
+
+
+async def export_memories(
+    memory: ScopedMemory, *, research: ResearchMemory, plans: PlanMemory
+) -> dict[str, Any]:
     """Everything Cairn keeps about the user in long-term memory, as plain JSON."""
     settings = await memory.settings()
     return {
@@ -163,4 +196,5 @@ async def export_memories(memory: ScopedMemory) -> dict[str, Any]:
         "forgotten": [
             {"key": t.key, "fact": t.fact} for t in await memory.tombstones() if t.fact or t.key
         ],
+        **await export_agent_memories(research, plans),
     }

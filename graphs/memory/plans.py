@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from graphs.core.text import has_controls
+from graphs.memory.locks import user_locks_for
 from graphs.memory.policy import detect_secret, has_injection_marker
 from graphs.memory.scoped import MissingIdentity, now_iso, user_label
 
@@ -17,10 +18,13 @@ if TYPE_CHECKING:
     from langgraph.store.base import BaseStore
 
     from graphs.core.context import Context
+    from graphs.memory.locks import UserLocks
 
 log = logging.getLogger("cairn.memory")
 
 PLANS = "plans"
+TOMBSTONES = "tombstones"
+"""(user, "plans", "tombstones"): examples the user deleted, by key; never stored again."""
 GOOD_OUTCOMES = frozenset({"answered"})
 OUTCOMES = frozenset({"answered", "partial", "rejected", "failed"})
 MAX_EXAMPLES = 3
@@ -41,15 +45,35 @@ class PastPlan:
     score: float | None = None
 
 
-class PlanMemory:
-    """Store access for one user's plans. Nothing the model writes can name the namespace."""
+@dataclass(frozen=True)
+class PlanExample:
+    """A stored summary as the user sees it: what the Planner is shown, and where it came from."""
 
-    def __init__(self, store: BaseStore, user_id: str) -> None:
+    key: str
+    goal: str
+    steps: list[str]
+    outcome: str
+    quality: str
+    thread_id: str | None
+    at: str
+
+
+class PlanMemory:
+    """Store access for one user's plans. Nothing the model writes can name the namespace.
+
+    A write and a delete hold the user's memory lock (graphs.memory.locks), and a write checks
+    the user's deletes under it right before the put: a deleted example never comes back.
+    """
+
+    def __init__(self, store: BaseStore, user_id: str, *, locks: UserLocks | None = None) -> None:
         if not isinstance(user_id, str) or not user_id.strip():
             msg = "plan memory needs the verified user's id"
             raise MissingIdentity(msg)
         self._store = store
+        self.user_id = user_id
         self._namespace = (user_label(user_id), PLANS)
+        self._forgotten_ns = (*self._namespace, TOMBSTONES)
+        self._locks = locks or user_locks_for(store)
 
     @classmethod
     def from_runtime(cls, runtime: Runtime[Context]) -> PlanMemory | None:
@@ -65,7 +89,11 @@ class PlanMemory:
     async def similar(self, goal: str, *, limit: int = MAX_EXAMPLES) -> list[PastPlan]:
         """A few past plans closest to the goal, good outcomes first."""
         items = await self._store.asearch(self._namespace, query=goal, limit=limit * 3)
-        plans = [_past_plan(item.value, getattr(item, "score", None)) for item in items]
+        plans = [
+            _past_plan(item.value, getattr(item, "score", None))
+            for item in items
+            if tuple(item.namespace) == self._namespace
+        ]
         # Checked again on the way out: a row written before these checks (or by anything
         # else) never reaches the planner's prompt unless it would pass them today.
         plans = [p for p in plans if summary_problem(p.goal, p.steps) is None]
@@ -94,22 +122,52 @@ class PlanMemory:
             "thread_id": thread_id,
             "at": now_iso(),
         }
-        await self._store.aput(self._namespace, key, value)
+        async with self._locks.hold(self.user_id):
+            if await self._store.aget(self._forgotten_ns, key) is not None:
+                log.info("plan summary not kept: its user deleted it")
+                return
+            await self._store.aput(self._namespace, key, value)
 
     async def count(self) -> int:
         return len(await self._all())
 
+    async def examples(self) -> list[PlanExample]:
+        """Every stored summary, newest first, as stored (whether or not it still passes)."""
+        found = [_example(item.key, item.value) for item in await self._all()]
+        return sorted(found, key=lambda e: e.at, reverse=True)
+
+    async def forgotten(self) -> list[dict[str, str]]:
+        """The user's deletes: key and when (no goal text: that went with the example)."""
+        items = await self._store.asearch(self._forgotten_ns, limit=10_000)
+        return [{"key": i.key, "at": str(i.value.get("at", ""))} for i in items]
+
+    async def forget(self, key: str) -> PlanExample | None:
+        """Delete one example and record that the user did, so no re-run writes it again; None
+        if the user has no such example (another user's key looks exactly alike)."""
+        async with self._locks.hold(self.user_id):
+            item = await self._store.aget(self._namespace, key)
+            if item is None:
+                return None
+            await self._store.aput(self._forgotten_ns, key, {"at": now_iso()}, index=False)
+            await self._store.adelete(self._namespace, key)
+        log.info("plan example deleted by its user user=%s", self.user_id)
+        return _example(key, item.value)
+
     async def forget_thread(self, thread_id: str) -> int:
         """A deleted conversation takes its plan summaries with it."""
-        doomed = [i for i in await self._all() if i.value.get("thread_id") == thread_id]
-        for item in doomed:
-            await self._store.adelete(self._namespace, item.key)
+        async with self._locks.hold(self.user_id):
+            doomed = [i for i in await self._all() if i.value.get("thread_id") == thread_id]
+            for item in doomed:
+                await self._store.adelete(self._namespace, item.key)
         return len(doomed)
 
     async def _all(self) -> list[Any]:
+        """The summaries only: the search also matches the deletes' namespace beneath."""
         found: list[Any] = []
-        while batch := await self._store.asearch(self._namespace, limit=500, offset=len(found)):
-            found.extend(batch)
+        seen = 0
+        while batch := await self._store.asearch(self._namespace, limit=500, offset=seen):
+            seen += len(batch)
+            found.extend(i for i in batch if tuple(i.namespace) == self._namespace)
         return found
 
 
@@ -144,6 +202,20 @@ def _personal(text: str) -> bool:
 def summary_key(thread_id: str, goal: str) -> str:
     """One summary per goal per thread, whatever retries happen."""
     return hashlib.sha256(f"{thread_id}\n{goal}".encode()).hexdigest()[:32]
+
+
+def _example(key: str, value: dict[str, Any]) -> PlanExample:
+    steps = value.get("steps")
+    thread_id = value.get("thread_id")
+    return PlanExample(
+        key=key,
+        goal=str(value.get("goal", "")),
+        steps=[str(s) for s in steps] if isinstance(steps, list) else [],
+        outcome=str(value.get("outcome", "")),
+        quality="good" if value.get("quality") == "good" else "poor",
+        thread_id=thread_id if isinstance(thread_id, str) else None,
+        at=str(value.get("at", "")),
+    )
 
 
 def _past_plan(value: dict[str, Any], score: float | None) -> PastPlan:

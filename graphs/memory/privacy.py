@@ -26,6 +26,7 @@ from graphs.core.fence import fenced
 from graphs.core.runlock import ThreadBusy
 from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
+from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ROOT, ScopedMemory, user_label
 
 if TYPE_CHECKING:
@@ -203,6 +204,8 @@ class Privacy:
                 )
         await memory.drop_marker(thread_id)
         await PlanMemory(self.store, owner_id).forget_thread(thread_id)
+        # Its source ratings: gone with what it taught, else kept without naming it.
+        await ResearchMemory(self.store, owner_id).forget_thread(thread_id, forget=forget)
         return forgotten
 
     # Retention -----------------------------------------------------------------------------

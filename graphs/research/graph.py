@@ -475,7 +475,8 @@ async def remember_sources(
         return
     if not (await ScopedMemory(runtime.store, context.user_id).settings()).enabled:
         return
-    await ResearchMemory(runtime.store, context.user_id).record_check(result, records)
+    memory = ResearchMemory(runtime.store, context.user_id)
+    await memory.record_check(result, records, thread_id=context.thread_id)
 
 
 def plan_from(reply: Any, question: str) -> list[Todo]:

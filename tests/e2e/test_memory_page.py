@@ -11,6 +11,9 @@ import psycopg
 import pytest
 from playwright.sync_api import expect
 
+from graphs.memory.plans import summary_key
+from graphs.memory.research import SOURCES_KEY
+from graphs.memory.scoped import user_label
 from tests.e2e.conftest import login, wait_until_connected
 from tests.e2e.test_memory import THREAD_URL, send, stored_memories, wait_for
 from ui.memory_page import CATEGORY_LABELS
@@ -113,6 +116,78 @@ def test_memory_text_is_escaped_on_the_page(app_server, browser):
     expect(row).to_be_visible()
     assert page.locator("li.memory img").count() == 0
     assert fired == []
+    page.context.close()
+
+
+def seed_agent_memories(database_url: str, username: str) -> tuple[str, str]:
+    """A source rating and a plan example as Research and the Planner store them; returns
+    their store prefixes."""
+    [(subject,)] = rows(
+        database_url, "SELECT subject FROM local_accounts WHERE username = %s", username
+    )
+    label = user_label(f"cairn:{subject}")
+    evidence = {"stats.example": {"thread-gone": [3, 4, "2026-01-02"]}}
+    research = {
+        "content": "- stats.example: 3/4 quoted excerpts verified (last 2026-01-02)",
+        "encoding": "utf-8",
+        "evidence": evidence,
+    }
+    plan = {
+        "goal": "Compare churn by region " + "and by quarter " * 12,
+        "steps": ["Count customers per region", "Divide cancellations by customers"],
+        "outcome": "answered",
+        "quality": "good",
+        "thread_id": "thread-gone",
+        "at": "2026-01-02T10:00:00+00:00",
+    }
+    prefixes = (f"{label}.research.memories", f"{label}.plans")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for prefix, key, value in zip(
+            prefixes, (SOURCES_KEY, summary_key("thread-gone", plan["goal"])), (research, plan)
+        ):
+            conn.execute(
+                "INSERT INTO store (prefix, key, value) VALUES (%s, %s, %s)",
+                (prefix, key, json.dumps(value)),
+            )
+    return prefixes
+
+
+def test_research_and_plan_memories_are_shown_and_deleted_on_a_phone(app_server, browser):
+    research, plans = seed_agent_memories(app_server.database_url, "bob")
+    page = login(browser, app_server, "bob")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.on("dialog", lambda dialog: dialog.accept())
+    open_memory_page(page, app_server)
+    source = page.locator("#sources li.source")
+    expect(source).to_contain_text("stats.example")
+    expect(source).to_contain_text("3 of 4 quoted excerpts held up")
+    expect(source).to_contain_text("earlier or deleted conversations")
+    plan = page.locator("#plans li.plan")
+    expect(plan).to_contain_text("Compare churn by region")
+    expect(plan.locator(".steps li")).to_have_count(2)
+    expect(plan).to_contain_text("ended with an answer")
+    # Nothing is wider than the phone's screen.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Export as JSON").click()
+    exported = json.loads(open(download.value.path()).read())  # noqa: SIM115
+    assert [s["source"] for s in exported["research_sources"]] == ["stats.example"]
+    assert len(exported["plan_examples"]) == 1
+
+    source.get_by_role("button", name="Delete").click()
+    expect(page.locator("#sources")).to_contain_text("No source ratings yet.")
+    plan.get_by_role("button", name="Delete").click()
+    expect(page.locator("#plans")).to_contain_text("No plan examples yet.")
+    assert (
+        rows(
+            app_server.database_url,
+            "SELECT key FROM store WHERE prefix IN (%s, %s)",
+            research,
+            plans,
+        )
+        == []
+    )
     page.context.close()
 
 

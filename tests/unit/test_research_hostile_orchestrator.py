@@ -138,7 +138,9 @@ async def test_source_reliability_counts_only_sources_the_thread_fetched():
         ]
     )
     result = check_report(report, fetched)
-    content = await ResearchMemory(InMemoryStore(), "alice").record_check(result, fetched)
+    content = await ResearchMemory(InMemoryStore(), "alice").record_check(
+        result, fetched, thread_id="t"
+    )
     assert content is not None
     assert "- real.example: 1/2 quoted excerpts verified" in content
     assert "invented.example" not in content
@@ -147,7 +149,10 @@ async def test_source_reliability_counts_only_sources_the_thread_fetched():
     # A report that cites nothing the thread fetched writes no memory at all.
     store = InMemoryStore()
     only_invented = check_report(report.splitlines()[2], fetched)
-    assert await ResearchMemory(store, "alice").record_check(only_invented, fetched) is None
+    assert (
+        await ResearchMemory(store, "alice").record_check(only_invented, fetched, thread_id="t")
+        is None
+    )
     assert await store.asearch(("alice", "research", "memories")) == []
 
 
