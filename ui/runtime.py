@@ -16,6 +16,7 @@ from auth.ownership import thread_record
 from auth.sessions import EndedSessionGuard, SessionRevocations
 from auth.tokens import AccessTokens
 from graphs.assistant.offline import offline_assistant
+from graphs.core.embedded import open_embedded, supervise_forever
 from graphs.core.models import chat_model
 from graphs.core.persistence import (
     Persistence,
@@ -210,6 +211,11 @@ async def start() -> None:
     if runtime is None:
         msg = "prepare() must run before start()"
         raise RuntimeError(msg)
+    if runtime.settings.database_url is None:  # the embedded server is this app's to keep up
+        embedded = await asyncio.to_thread(open_embedded, runtime.settings.data_dir)
+        runtime.background.append(
+            asyncio.create_task(supervise_forever(embedded), name="cairn-embedded-postgres")
+        )
     persistence = await open_persistence(runtime.settings, pool=runtime.pool)
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)
@@ -234,7 +240,7 @@ async def start() -> None:
         tracing=runtime.tracing,
         fork_points=MessageCheckpoints(runtime.pool),
     )
-    runtime.background = [
+    runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
         asyncio.create_task(
             recover_forever(runtime.runner, runtime.pool), name="cairn-run-recovery"
