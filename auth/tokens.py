@@ -26,8 +26,9 @@ log = logging.getLogger("cairn.security")
 PREFIX = "cairn_pat_"
 """Every token starts with this, so one pasted somewhere it should not be is recognisable."""
 RUN_WINDOW = timedelta(hours=1)
-"""Runs per hour count calls started in the last hour; a call still unfinished after that long
-is from a worker that died mid-run and no longer counts as running."""
+"""Runs per hour count calls started in the last hour. A call is bound to the lease of the worker
+running it: when that worker dies, a live worker's sweep closes it (graphs.core.runs), so it stops
+counting as running long before the hour is up."""
 INVALID = "The access token is missing, invalid, expired or revoked."
 
 
@@ -242,11 +243,14 @@ class AccessTokens:
             raise TokenRejected
         return info
 
-    async def begin_call(self, token: TokenInfo, tool: str, thread_id: str | None) -> int:
+    async def begin_call(
+        self, token: TokenInfo, tool: str, thread_id: str | None, *, worker: str | None = None
+    ) -> int:
         """Record a run starting, within the token's limits (LimitExceeded otherwise).
 
         The token's row is locked while its calls are counted, so two workers cannot both
-        take the last free place.
+        take the last free place. `worker` is the run journal's id of the worker running the
+        call: if it dies, the call is closed with its lease (graphs.core.runs.RunJournal).
         """
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(
@@ -263,7 +267,8 @@ class AccessTokens:
             refusal = _over_limit(token.limits, int(counts["running"]), int(counts["started"]))
             cur = await conn.execute(
                 "INSERT INTO cairn_token_calls (token_id, user_id, tool, thread_id, status, "
-                "detail, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "detail, finished_at, worker_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "RETURNING id",
                 (
                     token.id,
                     token.user_id,
@@ -272,6 +277,7 @@ class AccessTokens:
                     "refused" if refusal else "running",
                     refusal,
                     datetime.now(UTC) if refusal else None,
+                    worker,
                 ),
             )
             row = await cur.fetchone()

@@ -228,6 +228,8 @@ class Call:
     token: TokenInfo
     tool: str
     thread_id: str | None
+    worker: str | None = None
+    """The worker running the call (its run journal's id): the call is closed if it dies."""
     budget: ModelCallBudget = field(init=False)
 
     def __post_init__(self) -> None:
@@ -422,7 +424,7 @@ class McpEndpoint:
             raise ToolError(UNAVAILABLE)
         if thread_id is not None:
             await self._check_thread(token, thread_id, spec.key)
-        call = Call(token, spec.mcp.name, thread_id or str(uuid.uuid4()))
+        call = Call(token, spec.mcp.name, thread_id or str(uuid.uuid4()), _worker(runner))
 
         async def run(surface: McpSurface) -> RunOutcome:
             await self._show_in_chat(token, str(call.thread_id), spec, text)
@@ -516,7 +518,8 @@ class McpEndpoint:
                 ask=edited,
             )
 
-        return await self._tracked(ctx, Call(token, "answer_approval", thread_id), spec, run)
+        call = Call(token, "answer_approval", thread_id, _worker(runner))
+        return await self._tracked(ctx, call, spec, run)
 
     @asynccontextmanager
     async def _refusals_logged(
@@ -556,7 +559,9 @@ class McpEndpoint:
         result stays in the conversation, under the returned thread id). While it works, a log
         message every KEEP_ALIVE_S keeps the caller's stream from timing out."""
         try:
-            call_id = await self.tokens().begin_call(call.token, call.tool, call.thread_id)
+            call_id = await self.tokens().begin_call(
+                call.token, call.tool, call.thread_id, worker=call.worker
+            )
         except LimitExceeded as exc:
             raise Logged(str(exc)) from None
         work = asyncio.create_task(self._limited(call, call_id, spec, run))
@@ -651,6 +656,10 @@ async def _keep_alive(ctx: Context, call: Call) -> None:
         except Exception as exc:  # the caller went away; the run goes on
             log.info("token %s: progress not delivered: %s", call.token.id, exc)
             return
+
+
+def _worker(runner: Runner) -> str | None:
+    return runner.journal.worker if runner.journal is not None else None
 
 
 def _token(ctx: Context) -> TokenInfo:

@@ -15,6 +15,7 @@ from auth.ownership import thread_record
 from auth.sessions import SessionRevocations
 from auth.tokens import AccessTokens
 from graphs.assistant.offline import offline_assistant
+from graphs.core.embedded import open_embedded, supervise_forever
 from graphs.core.models import chat_model
 from graphs.core.persistence import (
     Persistence,
@@ -142,6 +143,11 @@ def open_runtime(settings: Settings, *, public_url: str, auth_secret: str) -> Ap
 
 async def start(runtime: AppRuntime) -> None:
     """The lifespan's start: schema, setup(), graphs, the runner and background work."""
+    if runtime.settings.database_url is None:  # the embedded server is this app's to keep up
+        embedded = await asyncio.to_thread(open_embedded, runtime.settings.data_dir)
+        runtime.background.append(
+            asyncio.create_task(supervise_forever(embedded), name="cairn-embedded-postgres")
+        )
     persistence = await open_persistence(runtime.settings, pool=runtime.pool)
     if runtime.accounts is not None and runtime.settings.local_users:
         await runtime.accounts.seed(runtime.settings.local_users)
@@ -166,7 +172,7 @@ async def start(runtime: AppRuntime) -> None:
         tracing=runtime.tracing,
         fork_points=MessageCheckpoints(runtime.pool),
     )
-    runtime.background = [
+    runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
         asyncio.create_task(
             recover_forever(runtime.runner, runtime.port), name="cairn-run-recovery"

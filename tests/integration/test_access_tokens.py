@@ -19,6 +19,7 @@ from auth.tokens import (
 )
 from graphs.core.migrations import migrate
 from graphs.core.persistence import Pool, make_pool
+from graphs.core.runs import CALL_LAPSED, RunJournal
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +148,62 @@ async def test_runs_per_hour_count_started_runs_not_refusals(pools: list[Pool]) 
             (info.id,),
         )
     assert isinstance(await tokens.begin_call(info, "research", None), int)
+
+
+STALE_S = 5.0
+
+
+async def postgres_up_for(pool: Pool, seconds: float) -> None:
+    """Sweeps wait until every live worker could beat since Postgres started."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM now() - pg_postmaster_start_time()) AS up"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    await asyncio.sleep(max(0.0, seconds + 0.5 - float(row["up"])))
+
+
+async def test_a_call_is_closed_when_its_workers_lease_lapses_and_only_then(
+    pools: list[Pool],
+) -> None:
+    """Two workers run a call each; one stops beating. Any live worker's sweep closes that
+    worker's call (its place is free again) and leaves the live one's, however old."""
+    limits = TokenLimits(max_concurrent=2, max_runs_per_hour=50, max_model_calls=10)
+    tokens = AccessTokens(pools[0], scopes=SCOPES)
+    _, info = await make(tokens, limits=limits)
+    live, dead = RunJournal(pools[0], worker="w-live"), RunJournal(pools[1], worker="w-dead")
+    for journal in (live, dead):
+        await journal.beat()
+    running = await tokens.begin_call(info, "ask_assistant", "t-live", worker=live.worker)
+    stranded = await tokens.begin_call(info, "ask_assistant", "t-dead", worker=dead.worker)
+    with pytest.raises(LimitExceeded):
+        await tokens.begin_call(info, "ask_assistant", None, worker=live.worker)
+    async with pools[0].connection() as conn:  # both calls started a while ago; one worker died
+        await conn.execute(
+            "UPDATE cairn_token_calls SET started_at = now() - interval '10 minutes' "
+            "WHERE id = ANY(%s)",
+            ([running, stranded],),
+        )
+        await conn.execute(
+            "UPDATE cairn_workers SET heartbeat_at = now() - interval '1 minute' "
+            "WHERE worker_id = %s",
+            (dead.worker,),
+        )
+    await postgres_up_for(pools[0], STALE_S)
+    await live.beat()
+
+    await RunJournal(pools[1], worker="w-sweeper").take_stranded(stale_s=STALE_S)
+    by_id = {c["thread_id"]: c for c in await tokens.calls(info.id, "alice")}
+    assert (by_id["t-dead"]["status"], by_id["t-dead"]["detail"]) == ("interrupted", CALL_LAPSED)
+    assert by_id["t-live"]["status"] == "running"
+    assert by_id["t-live"]["finished_at"] is None
+    assert isinstance(await tokens.begin_call(info, "ask_assistant", None, worker="w-live"), int)
+
+    # A worker that was only cut off comes back: its lease again, and the call's real end.
+    await dead.beat()
+    await tokens.finish_call(stranded, status="done", thread_id="t-dead", model_calls=2)
+    await RunJournal(pools[1], worker="w-sweeper").take_stranded(stale_s=STALE_S)
+    statuses = {c["thread_id"]: c["status"] for c in await tokens.calls(info.id, "alice")}
+    assert statuses["t-dead"] == "done"
+    assert statuses["t-live"] == "running"

@@ -5,9 +5,11 @@ live worker resumes it from the last checkpoint with no completed step or subage
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,19 +18,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableLambda
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from auth.ownership import claim_thread
+from auth.tokens import AccessTokens, LimitExceeded, TokenLimits
 from graphs.assistant.graph import build_graph as build_assistant
 from graphs.assistant.offline import offline_assistant
 from graphs.core.metrics import REGISTRY
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.runlock import ThreadRunLocks
-from graphs.core.runs import RunJournal, StrandedRun, heartbeat_forever
+from graphs.core.runs import CALL_LAPSED, RunJournal, StrandedRun, heartbeat_forever
 from graphs.core.settings import Settings
 from graphs.planner.graph import build_graph
 from graphs.planner.offline import offline_planner
@@ -758,3 +764,100 @@ async def test_a_sweep_leaves_a_run_its_worker_has_just_taken_up(database_url):
         await other_locks.close()
         await RunJournal(pool).forget(thread_id)
         await close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def ask_over_mcp(port: int, secret: str, text: str) -> Any:
+    """An MCP client calling ask_assistant on the doomed worker (its answer never comes)."""
+    headers = {"Authorization": f"Bearer {secret}"}
+    async with (
+        httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(120)) as http,
+        streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http) as (r, w, _),
+        ClientSession(r, w) as session,
+    ):
+        await session.initialize()
+        return await session.call_tool("ask_assistant", {"message": text})
+
+
+async def open_calls(pool: Any, token_id: str) -> list[dict[str, Any]]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, thread_id, worker_id FROM cairn_token_calls "
+            "WHERE token_id = %s AND finished_at IS NULL",
+            (token_id,),
+        )
+        return list(await cur.fetchall())
+
+
+async def test_an_mcp_call_killed_with_its_worker_stops_counting_once_its_run_is_taken_over(
+    database_url,
+):
+    """A token allowing one run at a time: its call's worker is killed mid-reply, a live worker
+    resumes the run and answers it, and the token may start a run again at once (the dead call
+    stayed 'running' and refused every new one for an hour)."""
+    runner, close = await make_runner(database_url, worker="survivor-mcp", agent="assistant")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    tokens = AccessTokens(pool, scopes=("assistant",))
+    one_at_a_time = TokenLimits(max_concurrent=1, max_runs_per_hour=10, max_model_calls=10)
+    made = await tokens.create(
+        "alice", name="t", scopes=frozenset({"assistant"}), days=1, limits=one_at_a_time
+    )
+    async with pool.connection() as conn:  # her chat account: MCP calls show in her sidebar
+        await conn.execute(
+            'INSERT INTO "User" (identifier) VALUES (%s) ON CONFLICT DO NOTHING', ("alice",)
+        )
+    port = free_port()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.mcp_worker", database_url, str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    caller: asyncio.Task[Any] | None = None
+    graph = runner.graphs["assistant"]
+
+    async def mid_reply() -> bool:
+        nonlocal caller
+        if caller is None:  # once the worker serves: the call's run starts
+            with contextlib.suppress(httpx.HTTPError):
+                async with httpx.AsyncClient() as http:
+                    await http.get(f"http://127.0.0.1:{port}/mcp")
+                caller = asyncio.create_task(ask_over_mcp(port, made.secret, ASSISTANT_MESSAGE))
+            return False
+        calls = await open_calls(pool, made.info.id)
+        if not calls:
+            return False
+        config = {"configurable": {"thread_id": calls[0]["thread_id"]}}
+        return (await graph.aget_state(config)).next == ("assistant",)
+
+    try:
+        await kill_when(worker, mid_reply)
+    finally:
+        if caller is not None:
+            caller.cancel()
+            with contextlib.suppress(BaseException):
+                await caller
+    killed_at = time.monotonic()
+    [dead_call] = await open_calls(pool, made.info.id)
+    assert dead_call["worker_id"] == "doomed-mcp", "the call names the worker running it"
+    with pytest.raises(LimitExceeded, match="1 at once"):  # its worker may still be alive
+        await tokens.begin_call(made.info, "ask_assistant", None, worker="survivor-mcp")
+
+    outcome = await recover(runner, killed_at)
+    assert outcome.status == "done", outcome
+    assert outcome.reply
+    assert await stored_replies(runner, dead_call["thread_id"]) == [outcome.reply]
+
+    assert await open_calls(pool, made.info.id) == [], "closed with its worker's lease"
+    logged = await tokens.calls(made.info.id, "alice")
+    assert [(c["status"], c["detail"]) for c in logged] == [
+        ("refused", logged[0]["detail"]),
+        ("interrupted", CALL_LAPSED),
+    ]
+    call_id = await tokens.begin_call(made.info, "ask_assistant", None, worker="survivor-mcp")
+    await tokens.finish_call(call_id, status="done", thread_id=None, model_calls=0)
+    await close()

@@ -132,7 +132,7 @@ class FakeTokens:
     def __init__(self) -> None:
         self.finished: list[str] = []
 
-    async def begin_call(self, token: TokenInfo, tool: str, thread_id: str | None) -> int:
+    async def begin_call(self, token: TokenInfo, tool: str, thread_id: str | None, **_: Any) -> int:
         return 1
 
     async def finish_call(self, call_id: int, *, status: str, **_: Any) -> None:
