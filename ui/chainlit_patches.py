@@ -76,6 +76,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
 from auth.ownership import NOT_FOUND
+from auth.sessions import session_key
 from graphs.core.errors import is_database_outage
 from graphs.core.fence import fenced
 from ui.output_guard import policy_for, sanitise_step, sanitise_text
@@ -1061,6 +1062,18 @@ async def disconnect_user_sockets(user_id: str) -> int:
     ended = 0
     for session in sessions:
         if getattr(session.user, "identifier", None) == user_id:
+            await chainlit.server.sio.disconnect(session.socket_id)
+            ended += 1
+    return ended
+
+
+async def disconnect_session_sockets(key: bytes) -> int:
+    """End this worker's live chat connections of one signed-out session (by
+    auth.sessions.session_key of its token); returns how many. As disconnect_user_sockets."""
+    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
+    ended = 0
+    for session in sessions:
+        if session.token and session_key(session.token) == key:
             await chainlit.server.sio.disconnect(session.socket_id)
             ended += 1
     return ended

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from auth.local_accounts import LocalAccounts
+    from auth.sessions import SessionRevocations
+    from auth.tokens import AccessTokens
     from graphs.core.persistence import Persistence, Pool
     from graphs.core.settings import Settings
     from graphs.core.timetravel import SupportAudit
@@ -81,6 +83,12 @@ class AppRuntime(Protocol):
 
     @property
     def support_audit(self) -> SupportAudit | None: ...
+
+    @property
+    def revocations(self) -> SessionRevocations | None: ...
+
+    @property
+    def tokens(self) -> AccessTokens | None: ...
 
 
 log = logging.getLogger("cairn.security")
@@ -338,6 +346,19 @@ def build_router(runtime: Callable[[], AppRuntime]) -> APIRouter:
             "verified": report.verified,
             "leftovers": report.leftovers,
         }
+
+    @router.post("/api/account/sign-out-everywhere", dependencies=[Checked])
+    async def sign_out_everywhere(
+        request: Request, response: Response, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        """Every session of the account ends on every worker, this one included, and so does
+        every access token (a stolen session could have made one)."""
+        if runtime.revocations is None or runtime.tokens is None:
+            raise HTTPException(status_code=503, detail="Cairn is still starting")
+        await runtime.revocations.revoke(user_id)  # every worker ends its live chats (NOTIFY)
+        revoked = await runtime.tokens.revoke_all(user_id)
+        clear_auth_cookie(request, response)
+        return {"signed_out": True, "tokens_revoked": revoked}
 
     return router
 

@@ -32,13 +32,18 @@ from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy, finish_wipes_forever
 from ui import chainlit_patches, output_guard
 from ui.agents import AGENTS
-from ui.chainlit_patches import disconnect_user_sockets, mount_before_catch_all
+from ui.chainlit_patches import (
+    disconnect_session_sockets,
+    disconnect_user_sockets,
+    mount_before_catch_all,
+)
 from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint, token_scopes
 from ui.memory_page import STILL_RUNNING
 from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
+from ui.proxies import distrust_server_proxy_headers, trusted_proxies
 from ui.recovery import recover_forever
 from ui.request_guard import RequestGuard
 from ui.runner import PostgresThreads, Runner
@@ -124,6 +129,9 @@ def prepare(app: FastAPI) -> AppRuntime:
     app.add_middleware(
         SecurityHeaders, policy=chainlit_policy(public_url, settings.image_allowed_origins)
     )
+    # Outermost: every layer and route sees the client address the deployment trusts.
+    distrust_server_proxy_headers()
+    app.add_middleware(trusted_proxies, trusted=settings.forwarded_allow_ips)
 
     url = (
         settings.database_url.get_secret_value()
@@ -242,7 +250,8 @@ async def start() -> None:
         # A wipe on any worker ends this worker's live chat connections of the user at once
         # (its writes are refused in Postgres either way: graphs.core.fence).
         asyncio.create_task(
-            runtime.revocations.listen(disconnect_user_sockets), name="cairn-session-ended"
+            runtime.revocations.listen(disconnect_user_sockets, disconnect_session_sockets),
+            name="cairn-session-ended",
         ),
     ]
     runtime._privacy = Privacy(
