@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Limit:
-    """At most `attempts` per key in each fixed window of `window_s` seconds (so up to twice
-    that across a window's end)."""
+    """At most `attempts` per key in any `window_s` seconds (a sliding window, estimated from
+    two fixed ones: this one's count plus the last one's, weighed by how much of it overlaps)."""
 
     name: str
     attempts: int
@@ -38,20 +39,44 @@ TOO_MANY_SIGN_INS = "Too many failed sign-in attempts. Wait a few minutes and tr
 TOO_MANY_SIGN_UPS = "Too many accounts were requested from your network. Try again later."
 
 
+_ROUNDING = 1e-6
+"""Retry-After errs late by a hair rather than early (the estimate is a float)."""
+
+
 @dataclass(frozen=True)
 class Count:
-    """One key's attempts in its current window, this one included."""
+    """One key's attempts in its current fixed window (this one included) and the last one."""
 
     limit: Limit
     key: str
     window_start: float
     attempts: int
-    retry_after: int
-    """Seconds until the window ends."""
+    previous: int
+    """Attempts in the window before."""
+    elapsed: float
+    """Seconds of the current window gone."""
+
+    @property
+    def estimate(self) -> float:
+        """Attempts in the last window_s seconds, assuming the last window's were spread evenly."""
+        overlap = 1 - self.elapsed / self.limit.window_s
+        return self.attempts + self.previous * overlap
 
     @property
     def over(self) -> bool:
-        return self.attempts > self.limit.attempts
+        return self.estimate > self.limit.attempts
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until one more attempt would be within the limit (if no other comes)."""
+        window, room = self.limit.window_s, self.limit.attempts - self.attempts - 1
+        if room >= 0:
+            # Later in this window, when enough of the last one has slid out.
+            at = window * (1 - room / self.previous) if self.previous else 0.0
+            return max(1, math.ceil(at - self.elapsed + _ROUNDING))
+        # In the next window, when enough of this one has slid out.
+        at = window * (1 - (self.limit.attempts - 1) / self.attempts)
+        return max(1, math.ceil(window - self.elapsed + at + _ROUNDING))
 
 
 class AttemptCounter(Protocol):
@@ -101,6 +126,7 @@ class Throttle:
 
     An attempt is counted before the password is checked, so attempts running at once on
     several workers cannot all slip under the limit; a sign-in that succeeds is taken back.
+    Refused attempts count too: a guesser who keeps trying stays locked out.
     """
 
     def __init__(self, counter: AttemptCounter) -> None:
@@ -151,9 +177,11 @@ WITH k AS (
     RETURNING a.key, a.window_start, a.attempts
 )
 SELECT c.key, extract(epoch FROM c.window_start)::float8 AS start, c.attempts,
-    ceil(extract(epoch FROM c.window_start + make_interval(secs => k.win) - now()))::int
-        AS retry_after
+    coalesce(p.attempts, 0) AS previous,
+    extract(epoch FROM now() - c.window_start)::float8 AS elapsed
 FROM counted c JOIN k ON k.key = c.key
+LEFT JOIN cairn_auth_attempts p
+    ON p.key = c.key AND p.window_start = c.window_start - make_interval(secs => k.win)
 """
 
 
@@ -166,16 +194,23 @@ class PgAttemptCounter:
     async def count(self, keys: Sequence[tuple[Limit, str]]) -> list[Count]:
         limits = {f"{limit.name}:{value}": limit for limit, value in keys}
         async with self._pool.connection() as conn:
-            # Rows of ended windows are no use to anyone (the longest window is an hour).
+            # Only this window and the last one count (the longest window is an hour).
             await conn.execute(
-                "DELETE FROM cairn_auth_attempts WHERE window_start < now() - interval '2 hours'"
+                "DELETE FROM cairn_auth_attempts WHERE window_start < now() - interval '3 hours'"
             )
             cur = await conn.execute(
                 _COUNT, (list(limits), [limit.window_s for limit in limits.values()])
             )
             rows = await cur.fetchall()
         return [
-            Count(limits[row["key"]], row["key"], row["start"], row["attempts"], row["retry_after"])
+            Count(
+                limit=limits[row["key"]],
+                key=row["key"],
+                window_start=row["start"],
+                attempts=row["attempts"],
+                previous=row["previous"],
+                elapsed=row["elapsed"],
+            )
             for row in rows
         ]
 
