@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from chainlit import oauth_providers
@@ -46,7 +47,14 @@ async def oauth_callback(
     return User(
         identifier=f"{provider_id}:{subject}",
         display_name=display[:100],
-        metadata={"provider": provider_id, "email": raw_user_data.get("email")},
+        metadata={
+            "provider": provider_id,
+            "email": raw_user_data.get("email"),
+            # Chainlit's session token is these claims plus whole-second times: without this,
+            # two sign-ins in one second would be one token, and signing out one would sign
+            # out both (auth.sessions records a sign-out by token).
+            "session": secrets.token_urlsafe(16),
+        },
     )
 
 
