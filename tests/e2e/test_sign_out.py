@@ -185,3 +185,27 @@ async def test_rotating_x_forwarded_for_does_not_reset_the_lockout(
         await failed_sign_in(workers[0], "mallory-target", f"203.0.113.{n}") for n in range(11)
     ]
     assert found == [401] * 10 + [429]
+
+
+def test_the_memory_page_signs_out_everywhere(
+    workers: tuple[AppServer, AppServer], browser
+) -> None:
+    from playwright.sync_api import expect
+
+    from tests.e2e.conftest import login
+
+    first, second = workers
+    page = login(browser, first, "bob")
+    cookie = "; ".join(
+        f"{c['name']}={c['value']}"
+        for c in page.context.cookies()
+        if c["name"].startswith("access_token")
+    )
+    page.goto(f"{first.url}/memory")
+    page.get_by_role("button", name="Sign out everywhere").click()
+    expect(page.get_by_text("You have been signed out everywhere.")).to_be_visible()
+    replayed = httpx.get(f"{second.url}/api/memory", headers={"Cookie": cookie})
+    assert replayed.status_code == 401
+    page.goto(f"{first.url}/memory")
+    expect(page).to_have_url(re.compile(r"/login"))
+    page.context.close()
