@@ -25,6 +25,7 @@ from ui.mcp_server import McpEndpoint
 from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
 from ui.origin_guard import OriginGuard
+from ui.proxies import trust_proxies
 from ui.security_headers import SecurityHeaders
 from ui.support_page import build_router as build_support_router
 from ui.tokens_page import build_router as build_tokens_router
@@ -152,6 +153,7 @@ def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None
     app.add_middleware(
         SecurityHeaders, policy=ui_policy(state.public_url, settings.image_allowed_origins)
     )
+    trust_proxies(app, trusted=settings.forwarded_allow_ips)
 
 
 def _started(state: AppRuntime) -> AppRuntime:
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         port=settings.port,
         loop="uvloop",
         ws="websockets",
+        proxy_headers=False,  # X-Forwarded-For only from CAIRN_FORWARDED_ALLOW_IPS (ui/proxies.py)
         log_level="info",
         timeout_graceful_shutdown=10,
     )

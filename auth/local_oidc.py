@@ -10,7 +10,6 @@ import re
 import secrets
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel
 
 from auth.local_accounts import Account, AccountError, LocalAccounts
+from auth.throttle import AttemptCounter, PgAttemptCounter, Throttle, Throttled
 from graphs.core.persistence import Pool
 
 ROUTER_PREFIX = "/local-oidc"
@@ -102,59 +102,6 @@ class PgCodeStore:
             )
             row = await cur.fetchone()
         return CodeGrant(**row) if row else None
-
-
-class FailedLoginLimiter:
-    """Sliding-window count of failed sign-ins per (username, client IP).
-
-    The counts live in this process's memory, so each app worker keeps its own: with N
-    workers a guesser gets up to N x max_failures tries per window. That is acceptable for a
-    local provider; a shared store would be needed to make the limit global.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_failures: int = 10,
-        window_seconds: float = 300,
-        clock: Callable[[], float] = time.time,
-        max_keys: int = 10_000,
-    ) -> None:
-        self._max_failures = max_failures
-        self._window = window_seconds
-        self._clock = clock
-        self._max_keys = max_keys
-        self._failures: dict[tuple[str, str], deque[float]] = {}
-
-    def retry_after(self, key: tuple[str, str]) -> int:
-        """Seconds until `key` may try again; 0 if it may try now."""
-        recent = self._recent(key)
-        if len(recent) < self._max_failures:
-            return 0
-        return max(1, int(recent[0] + self._window - self._clock()) + 1)
-
-    def record_failure(self, key: tuple[str, str]) -> None:
-        self._recent(key).append(self._clock())
-        if len(self._failures) > self._max_keys:
-            self._evict()
-
-    def reset(self, key: tuple[str, str]) -> None:
-        self._failures.pop(key, None)
-
-    def _recent(self, key: tuple[str, str]) -> deque[float]:
-        recent = self._failures.setdefault(key, deque())
-        cutoff = self._clock() - self._window
-        while recent and recent[0] <= cutoff:
-            recent.popleft()
-        return recent
-
-    def _evict(self) -> None:
-        # Bounded memory even under a spray of usernames: drop idle keys, then the oldest.
-        cutoff = self._clock() - self._window
-        for key in [k for k, times in self._failures.items() if not times or times[-1] <= cutoff]:
-            del self._failures[key]
-        while len(self._failures) > self._max_keys:
-            del self._failures[next(iter(self._failures))]
 
 
 def load_or_create_signing_key(path: Path) -> RSAKey:
@@ -380,7 +327,8 @@ def _same_secret(given: str, expected: str) -> bool:
 
 
 def _client_ip(request: Request) -> str:
-    # The direct peer; behind a reverse proxy run uvicorn with --proxy-headers so this is real.
+    # The connecting address, or the one a trusted proxy forwarded (ui/proxies.py): never a
+    # header the client chose.
     return request.client.host if request.client else "unknown"
 
 
@@ -392,6 +340,7 @@ class _Provider:
         *,
         accounts: LocalAccounts,
         codes: CodeStore,
+        attempts: AttemptCounter,
         key: RSAKey,
         issuer: str,
         client_id: str,
@@ -411,7 +360,7 @@ class _Provider:
         self._client_secret = client_secret
         self._allow_signup = allow_signup
         self._clock = clock
-        self._limiter = FailedLoginLimiter(clock=clock)
+        self._throttle = Throttle(attempts)
 
     async def discovery(self) -> dict[str, Any]:
         return {
@@ -538,24 +487,26 @@ class _Provider:
 
     async def _authenticate(self, form: LoginForm, client_ip: str) -> Account:
         if form.mode == "signup" and self._allow_signup:
-            return await self._sign_up(form)
+            return await self._sign_up(form, client_ip)
         if form.mode != "signin":
             raise _LoginRefused(400, "Choose Sign in.")
-        limiter_key = (form.username.strip().lower()[:64], client_ip)
-        if retry_after := self._limiter.retry_after(limiter_key):
-            msg = "Too many failed sign-in attempts. Wait a few minutes and try again."
-            raise _LoginRefused(429, msg, retry_after=retry_after)
+        try:
+            attempt = await self._throttle.sign_in(form.username, client_ip)
+        except Throttled as refused:
+            raise _LoginRefused(429, str(refused), retry_after=refused.retry_after) from None
         account = await self._accounts.verify(form.username, form.password)
         if account is None:
-            self._limiter.record_failure(limiter_key)
             # One message for unknown users and wrong passwords alike.
             raise _LoginRefused(401, "Incorrect username or password.")
-        self._limiter.reset(limiter_key)
+        await self._throttle.signed_in(attempt)
         return account
 
-    async def _sign_up(self, form: LoginForm) -> Account:
+    async def _sign_up(self, form: LoginForm, client_ip: str) -> Account:
         try:
+            await self._throttle.sign_up(client_ip)
             return await self._accounts.create(form.username, form.password)
+        except Throttled as refused:
+            raise _LoginRefused(429, str(refused), retry_after=refused.retry_after) from None
         except AccountError as error:
             raise _LoginRefused(400, str(error)) from error
 
@@ -691,23 +642,27 @@ def build_local_oidc_router(
     signing_key_path: Path,
     allow_signup: bool,
     code_store: CodeStore | None = None,
+    attempt_counter: AttemptCounter | None = None,
     clock: Callable[[], float] = time.time,
 ) -> APIRouter:
     """Mount under the app at `/local-oidc`; `issuer` is that mount's public URL.
 
-    The app passes `pool` (codes go to Postgres); unit tests pass `code_store` and `clock`.
+    The app passes `pool` (codes and sign-in attempts go to Postgres); unit tests pass
+    `code_store`, `attempt_counter` and `clock`.
     """
-    if code_store is None:
+    if code_store is None or attempt_counter is None:
         if pool is None:
-            msg = "build_local_oidc_router needs a connection pool or a code store"
+            msg = "build_local_oidc_router needs a connection pool, or a code store and counter"
             raise ValueError(msg)
-        code_store = PgCodeStore(pool)
+        code_store = code_store or PgCodeStore(pool)
+        attempt_counter = attempt_counter or PgAttemptCounter(pool)
     if not client_id or not client_secret:
         msg = "The local OIDC provider needs a non-empty client_id and client_secret"
         raise ValueError(msg)
     provider = _Provider(
         accounts=accounts,
         codes=code_store,
+        attempts=attempt_counter,
         key=load_or_create_signing_key(signing_key_path),
         issuer=_check_issuer(issuer),
         client_id=client_id,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,14 @@ def verified_user(provider_id: str, raw_user_data: dict[str, Any]) -> VerifiedUs
     return VerifiedUser(
         identifier=f"{provider_id}:{subject}",
         display_name=display[:100],
-        metadata={"provider": provider_id, "email": raw_user_data.get("email")},
+        metadata={
+            "provider": provider_id,
+            "email": raw_user_data.get("email"),
+            # The session token is these claims plus whole-second times: without this, two
+            # sign-ins in one second would be one token, and signing out one would sign out
+            # both (auth.sessions records a sign-out by token).
+            "session": secrets.token_urlsafe(16),
+        },
     )
 
 

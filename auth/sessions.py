@@ -1,11 +1,15 @@
-"""Ending sessions: Chainlit's session is a signed cookie, so "log out everywhere" is a
-server-side cut-off time per user. A token issued before it is refused on every path:
-HTTP routes, the websocket handshake and every chat event.
+"""Ending sessions: Chainlit's session is a signed cookie, so the server keeps what ended.
+
+Signing out records that one session token (`cairn_ended_sessions`); "sign out everywhere" and
+a wipe record a cut-off time for the user (`cairn_session_revocations`, graphs.core.fence).
+Either is refused on every path, on every worker: HTTP routes, the websocket handshake and
+every chat event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from http.cookies import CookieError, SimpleCookie
@@ -30,14 +34,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.security")
 
+_CACHE_ENTRIES = 100_000
+"""Bounds the per-session cache (a client may present many different valid tokens)."""
 _CACHE_SECONDS = 2.0
 """How long the request guard trusts one worker's last look at a user's cut-off. Only reads
 can slip through in that window: every write is checked against the cut-off in Postgres
 (graphs.core.fence), and chat events look it up afresh."""
 
 
+LOGOUT_PATH = "/logout"
+"""Chainlit's sign-out route (POST); the guard records the session as ended before it runs."""
+SIGNED_OUT_CHANNEL = "cairn_session_signed_out"
+"""Postgres NOTIFY channel: one session was signed out (payload: its session_key, in hex)."""
+
+
 class SessionRevoked(fence.WriteRefused):
-    """The signed-in session was ended (its account's data was wiped)."""
+    """The signed-in session was ended (signed out, signed out everywhere, or account wiped)."""
+
+
+def session_key(token: str) -> bytes:
+    """What a signed-out session is recorded under: the SHA-256 of its signed part (header and
+    claims). Only the auth secret can make that part, and any other spelling of the signature
+    would still name the same session."""
+    signed, _, _ = token.rpartition(".")
+    return hashlib.sha256(signed.encode()).digest()
 
 
 def token_claims(token: str | None, secret: str) -> dict[str, Any] | None:
@@ -80,12 +100,17 @@ class SessionRevocations:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._cache: dict[str, tuple[float, float | None]] = {}
+        self._ended: dict[bytes, tuple[float, bool]] = {}
 
-    async def listen(self, on_ended: Callable[[str], Awaitable[object]]) -> None:
-        """Until cancelled: hear every worker's cut-offs (Postgres LISTEN), forget the cached
-        look at that user and call on_ended (this worker ends the user's live connections).
-        A lost connection is opened again; a cut-off missed meanwhile is still enforced
-        in Postgres, and the cache forgets it within its 2 s."""
+    async def listen(
+        self,
+        on_ended: Callable[[str], Awaitable[object]],
+        on_signed_out: Callable[[bytes], Awaitable[object]] | None = None,
+    ) -> None:
+        """Until cancelled: hear every worker's cut-offs and sign-outs (Postgres LISTEN), update
+        the cached look and call on_ended(user_id) / on_signed_out(session_key) (this worker
+        ends those live connections). A lost connection is opened again; anything missed
+        meanwhile is still enforced in Postgres, and the cache forgets it within its 2 s."""
         while True:
             try:
                 conninfo = self._pool.conninfo  # the app's pools are built from a URL string
@@ -93,17 +118,33 @@ class SessionRevocations:
                 conn = await AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {fence.ENDED_CHANNEL}")
+                    await conn.execute(f"LISTEN {SIGNED_OUT_CHANNEL}")
                     async for notice in conn.notifies():
-                        self._cache.pop(notice.payload, None)
-                        try:
-                            await on_ended(notice.payload)
-                        except Exception:
-                            log.exception("ending the sessions of %s here failed", notice.payload)
+                        await self._heard(notice.channel, notice.payload, on_ended, on_signed_out)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("listening for ended sessions failed (%s); trying again", exc)
             await asyncio.sleep(1.0)
+
+    async def _heard(
+        self,
+        channel: str,
+        payload: str,
+        on_ended: Callable[[str], Awaitable[object]],
+        on_signed_out: Callable[[bytes], Awaitable[object]] | None,
+    ) -> None:
+        try:
+            if channel == SIGNED_OUT_CHANNEL:
+                key = bytes.fromhex(payload)
+                self._ended[key] = (time.monotonic(), True)
+                if on_signed_out is not None:
+                    await on_signed_out(key)
+                return
+            self._cache.pop(payload, None)
+            await on_ended(payload)
+        except Exception:
+            log.exception("ending the sessions of %s here failed", payload)
 
     async def revoke(self, user_id: str) -> None:
         """Every session of user_id issued up to now stops working, and every write they (or
@@ -139,11 +180,59 @@ class SessionRevocations:
             return False
         return issued_at is None or int(issued_at) <= int(cut_off)
 
+    async def end_session(self, token: str, claims: dict[str, Any]) -> None:
+        """Sign this one session out: refused from now on by every worker until it would have
+        expired anyway (the user's other sessions go on). Other workers hear of it at once
+        (NOTIFY) and end its live chat connections."""
+        key = session_key(token)
+        expires = float(claims.get("exp") or time.time() + 30 * 24 * 3600)
+        async with self._pool.connection() as conn, conn.transaction():
+            # Piggy-back clean-up: only sessions that could still be used are kept.
+            await conn.execute("DELETE FROM cairn_ended_sessions WHERE expires_at < now()")
+            await conn.execute(
+                "INSERT INTO cairn_ended_sessions (session_key, expires_at) "
+                "VALUES (%s, to_timestamp(%s)) ON CONFLICT (session_key) DO NOTHING",
+                (key, expires),
+            )
+            await conn.execute("SELECT pg_notify(%s, %s)", (SIGNED_OUT_CHANNEL, key.hex()))
+        self._ended[key] = (time.monotonic(), True)
+        log.info("signed out a session of user %s", claims.get("identifier"))
+
+    async def is_ended(self, key: bytes, *, cached: bool = True) -> bool:
+        """True when the session with this session_key was signed out."""
+        now = time.monotonic()
+        seen = self._ended.get(key)
+        if seen is not None and (seen[1] or (cached and now - seen[0] < _CACHE_SECONDS)):
+            return seen[1]  # a sign-out is for good: only "not ended" needs a fresh look
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM cairn_ended_sessions WHERE session_key = %s", (key,)
+            )
+            ended = await cur.fetchone() is not None
+        if len(self._ended) > _CACHE_ENTRIES:
+            self._ended.clear()
+        self._ended[key] = (now, ended)
+        return ended
+
+    async def refuses(
+        self, user_id: str, claims: dict[str, Any], token: str, *, cached: bool = True
+    ) -> bool:
+        """True when this session may not be used: signed out, or issued before the user's
+        cut-off (signed out everywhere, account wiped)."""
+        issued_at = float(claims["iat"]) if "iat" in claims else None
+        if await self.is_revoked(user_id, issued_at, cached=cached):
+            return True
+        return await self.is_ended(session_key(token), cached=cached)
+
     async def check(self, user_id: str, token: str | None, secret: str) -> fence.Fence:
         """A chat event's session, looked up afresh (no cache); the authority its writes carry."""
         claims = token_claims(token, secret)
         issued_at = float(claims["iat"]) if claims and "iat" in claims else None
-        if await self.is_revoked(user_id, issued_at, cached=False):
+        if (
+            claims is None
+            or token is None
+            or await self.refuses(user_id, claims, token, cached=False)
+        ):
             log.warning("refused: ended session of user %s was used", user_id)
             raise SessionRevoked(fence.SESSION_ENDED)
         return fence.Fence(user_id, issued_at or 0.0)
@@ -151,7 +240,8 @@ class SessionRevocations:
 
 class EndedSessionGuard:
     """ASGI middleware: a request (HTTP or the chat websocket's handshake) carrying an ended
-    session is refused before any route, Chainlit's included, sees it."""
+    session is refused before any route, Chainlit's included, sees it; a sign-out (POST
+    /logout) is recorded before Chainlit's route clears the cookie."""
 
     def __init__(
         self,
@@ -171,14 +261,16 @@ class EndedSessionGuard:
         if scope["type"] not in ("http", "websocket") or revocations is None:
             await self.app(scope, receive, send)
             return
-        claims = self.tokens.claims(Headers(scope=scope))
+        token = self.tokens.token(Headers(scope=scope))
+        claims = token_claims(token, self.tokens.secret)
         user_id = claims.get("identifier") if claims else None
-        if claims is None or not user_id:
+        if token is None or claims is None or not user_id:
             await self.app(scope, receive, send)
             return
-        issued_at = float(claims["iat"]) if "iat" in claims else None
         try:
-            revoked = await revocations.is_revoked(str(user_id), issued_at)
+            refused = await revocations.refuses(str(user_id), claims, token)
+            if not refused and _is_sign_out(scope):
+                await revocations.end_session(token, claims)
         except Exception as exc:
             if not is_database_outage(exc):
                 raise
@@ -186,13 +278,17 @@ class EndedSessionGuard:
             log.warning("session of %s not checked: database unavailable (%s)", user_id, exc)
             await _unavailable(scope, receive, send)
             return
-        if not revoked:
+        if not refused:
             # Everything this request (or this chat connection) writes carries its session's
             # authority, so a wipe's cut-off refuses it wherever it is written.
-            with fence.acting_for(fence.Fence(str(user_id), issued_at or 0.0)):
+            issued_at = float(claims["iat"]) if "iat" in claims else 0.0
+            with fence.acting_for(fence.Fence(str(user_id), issued_at)):
                 await self.app(scope, receive, send)
             return
         log.warning("refused: ended session of user %s at %s", user_id, scope.get("path"))
+        await self._ended(scope, receive, send)
+
+    async def _ended(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 4401})
             return
@@ -201,6 +297,14 @@ class EndedSessionGuard:
         )
         self.clear_cookie(Request(scope), response)
         await response(scope, receive, send)
+
+
+def _is_sign_out(scope: Scope) -> bool:
+    return (
+        scope["type"] == "http"
+        and scope.get("method") == "POST"
+        and (scope.get("path") == LOGOUT_PATH)
+    )
 
 
 async def _unavailable(scope: Scope, receive: Receive, send: Send) -> None:

@@ -221,6 +221,19 @@ class AccessTokens:
             log.warning("refused or missing: user %s revoking token %s", user_id, token_id)
         return done
 
+    async def revoke_all(self, user_id: str) -> int:
+        """Sign out everywhere: every live token of the user is revoked (the cut-off already
+        refuses them; this shows them revoked on the page). Returns how many."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE cairn_access_tokens SET revoked_at = now() "
+                "WHERE user_id = %s AND revoked_at IS NULL AND expires_at > now()",
+                (user_id,),
+            )
+            done = cur.rowcount
+        log.info("%d access tokens of user %s revoked (signed out everywhere)", done, user_id)
+        return done
+
     async def verify(self, secret: str | None) -> TokenInfo:
         """The live token for a presented secret, or TokenRejected."""
         if not secret or not secret.startswith(PREFIX) or len(secret) > 200:

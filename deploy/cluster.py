@@ -163,6 +163,8 @@ class Cluster:
             "CAIRN_AUTH_SECRET": secret,
             "CAIRN_WORKERS": str(len(self.members)),
             "CAIRN_PUBLIC_URL": self.url,
+            # nginx, on this machine, names the client in X-Forwarded-For (nginx.conf.template).
+            "CAIRN_FORWARDED_ALLOW_IPS": "127.0.0.1",
             **self.extra_env,
         }
 

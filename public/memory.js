@@ -422,6 +422,24 @@ function wireForms() {
     }
   });
 
+  $("sign-out-everywhere-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      const result = await api("POST", "/api/account/sign-out-everywhere", {});
+      document.body.replaceChildren(el("main", null, "done"));
+      const main = document.body.firstChild;
+      main.append(
+        el("h1", "You have been signed out everywhere."),
+        el("p", result.tokens_revoked ? result.tokens_revoked + " access tokens were revoked." : "No access tokens needed revoking."),
+      );
+      const again = el("a", "Sign in");
+      again.href = "/login";
+      main.append(again);
+    } catch (error) {
+      say(error.message, true);
+    }
+  });
+
   let timer = null;
   $("filter").addEventListener("input", () => {
     clearTimeout(timer);

@@ -295,6 +295,19 @@ def build_router() -> APIRouter:
             "leftovers": report.leftovers,
         }
 
+    @router.post("/api/account/sign-out-everywhere", dependencies=[Checked])
+    async def sign_out_everywhere(
+        request: Request, response: Response, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        """Every session of the account ends on every worker, this one included, and so does
+        every access token (a stolen session could have made one)."""
+        if runtime.revocations is None or runtime.tokens is None:
+            raise HTTPException(status_code=503, detail="Cairn is still starting")
+        await runtime.revocations.revoke(user_id)  # every worker ends its live chats (NOTIFY)
+        revoked = await runtime.tokens.revoke_all(user_id)
+        runtime.port.sign_out(request, response)
+        return {"signed_out": True, "tokens_revoked": revoked}
+
     return router
 
 

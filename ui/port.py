@@ -34,6 +34,11 @@ class ChatPort(Protocol):
         """Close this worker's live chat connections of the user; how many there were."""
         ...
 
+    async def end_session(self, key: bytes) -> int:
+        """Close this worker's live chat connections of one signed-out session (by
+        auth.sessions.session_key of its token); how many there were."""
+        ...
+
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         """The user's open chat of that conversation on this worker, as the surface a resumed
         run streams into; None when they have none open here."""

@@ -180,7 +180,8 @@ async def start(runtime: AppRuntime) -> None:
         # A wipe on any worker ends this worker's live chat connections of the user at once
         # (its writes are refused in Postgres either way: graphs.core.fence).
         asyncio.create_task(
-            runtime.revocations.listen(runtime.port.end_sessions), name="cairn-session-ended"
+            runtime.revocations.listen(runtime.port.end_sessions, runtime.port.end_session),
+            name="cairn-session-ended",
         ),
     ]
     runtime._privacy = Privacy(

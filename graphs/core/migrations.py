@@ -519,6 +519,28 @@ CREATE INDEX IF NOT EXISTS cairn_token_calls_open ON cairn_token_calls (worker_i
     WHERE finished_at IS NULL;
 """
 
+# Sign-out and sign-in limits (auth/sessions.py, auth/throttle.py).
+# - cairn_ended_sessions: one signed-out session token each, by the SHA-256 of its signed part
+#   (header.payload, which only the auth secret can make), kept until the token would expire.
+#   No user id: a wipe's per-user cut-off already ends every session of the account.
+# - cairn_auth_attempts: sign-in and sign-up attempts per key (an account, a client address)
+#   and fixed time window, counted by one upsert so every worker shares the count.
+SIGN_OUT_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_ended_sessions (
+    session_key bytea PRIMARY KEY,
+    ended_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cairn_ended_sessions_expiry ON cairn_ended_sessions (expires_at);
+CREATE TABLE IF NOT EXISTS cairn_auth_attempts (
+    key text NOT NULL,
+    window_start timestamptz NOT NULL,
+    attempts integer NOT NULL CHECK (attempts >= 0),
+    PRIMARY KEY (key, window_start)
+);
+CREATE INDEX IF NOT EXISTS cairn_auth_attempts_window ON cairn_auth_attempts (window_start);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -536,6 +558,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0103_fence_check", FENCE_CHECK_SQL),
     Migration("0104_checkpoint_prune", CHECKPOINT_PRUNE_SQL),
     Migration("0105_worker_leases", WORKER_LEASES_SQL),
+    Migration("0106_sign_out", SIGN_OUT_SQL),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import secrets
 import tempfile
@@ -150,6 +151,10 @@ class Settings(BaseSettings):
     """Seeded accounts for the bundled login, 'name:password' comma separated."""
     local_signup: bool = True
     """Whether the bundled login offers account creation."""
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Addresses or networks of the reverse proxies in front of the workers (comma separated):
+    only a request from one of them has its client address taken from X-Forwarded-For. Empty:
+    never (the connecting address is the client), like uvicorn's --forwarded-allow-ips."""
     support_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Identities (as auth/ makes them: `cairn:<uuid>`, `<provider>:<subject>`) with the support
     role: they may open any conversation's checkpoint history and fork it, audited."""
@@ -212,12 +217,26 @@ class Settings(BaseSettings):
         "local_users",
         "upload_mime_types",
         "support_users",
+        "forwarded_allow_ips",
         mode="before",
     )
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        # A typo must not pass silently (uvicorn would treat it as a host name and trust nothing,
+        # or "*" everything): each entry is an address or a network.
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                msg = f"CAIRN_FORWARDED_ALLOW_IPS: {entry!r} is not an IP address or network"
+                raise ValueError(msg) from None
         return value
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ from auth.local_accounts import (
     verify_password,
 )
 from auth.local_oidc import CSRF_COOKIE, CodeGrant, build_local_oidc_router
+from auth.throttle import Count, Limit
 
 ISSUER = "http://testserver/local-oidc"
 CLIENT_ID = "cairn-app"
@@ -84,6 +85,34 @@ class InMemoryCodeStore:
 
 
 @dataclass
+class InMemoryAttemptCounter:
+    """`AttemptCounter` with the Postgres one's fixed windows, on the fake clock
+    (tests/integration/test_sign_in_limits.py checks the Postgres one)."""
+
+    clock: FakeClock
+    rows: dict[tuple[str, float], int] = field(default_factory=dict)
+
+    async def count(self, keys: list[tuple[Limit, str]]) -> list[Count]:
+        counts = []
+        for limit, value in keys:
+            key, window = f"{limit.name}:{value}", limit.window_s
+            start = self.clock() // window * window
+            self.rows[key, start] = self.rows.get((key, start), 0) + 1
+            previous = self.rows.get((key, start - window), 0)
+            elapsed = self.clock() - start
+            counts.append(Count(limit, key, start, self.rows[key, start], previous, elapsed))
+        return counts
+
+    async def uncount(self, counts: list[Count]) -> None:
+        for c in counts:
+            if (c.key, c.window_start) in self.rows:
+                self.rows[c.key, c.window_start] = max(0, self.rows[c.key, c.window_start] - 1)
+
+    async def reset(self, key: str) -> None:
+        self.rows = {k: v for k, v in self.rows.items() if k[0] != key}
+
+
+@dataclass
 class Harness:
     client: TestClient
     accounts: LocalAccounts
@@ -108,6 +137,7 @@ def make_harness(
         signing_key_path=tmp_path / "keys" / key_file,
         allow_signup=allow_signup,
         code_store=codes,
+        attempt_counter=InMemoryAttemptCounter(clock),
         clock=clock,
     )
     app = FastAPI()

@@ -194,3 +194,21 @@ def test_local_client_secret_is_stable_and_tied_to_the_auth_secret() -> None:
     assert local_client_secret(AUTH_SECRET) == local_client_secret(AUTH_SECRET)
     assert local_client_secret(AUTH_SECRET) != local_client_secret("b" * 48)
     assert AUTH_SECRET not in local_client_secret(AUTH_SECRET)
+
+
+async def test_two_sign_ins_in_one_second_are_two_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chainlit's session token is the user's claims and whole-second times: without a session
+    id of their own, signing out one of them would sign out the other (auth.sessions)."""
+    from chainlit.auth.jwt import create_jwt
+
+    first, second = [
+        await oauth_callback("cairn", "token", {"sub": "3f2a"}, User(identifier="x"))
+        for _ in range(2)
+    ]
+    assert first is not None
+    assert second is not None
+    assert first.identifier == second.identifier
+    monkeypatch.setenv("CHAINLIT_AUTH_SECRET", "a-test-secret-of-more-than-32-characters")
+    assert create_jwt(first) != create_jwt(second)

@@ -304,3 +304,16 @@ def test_workers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setenv("CAIRN_AUTH_SECRET", "e" * 40)
     assert make().workers == 2
+
+
+def test_trusted_proxies_are_addresses_or_networks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAIRN_FORWARDED_ALLOW_IPS", "127.0.0.1, 10.0.0.0/8,::1")
+    assert make().forwarded_allow_ips == ["127.0.0.1", "10.0.0.0/8", "::1"]
+    assert make(forwarded_allow_ips=[]).forwarded_allow_ips == []
+    for wrong in ("*", "nginx", "10.0.0.0/99"):
+        with pytest.raises(ValidationError, match="CAIRN_FORWARDED_ALLOW_IPS"):
+            make(forwarded_allow_ips=wrong)
+
+
+def test_x_forwarded_for_is_trusted_from_nobody_by_default() -> None:
+    assert make().forwarded_allow_ips == []

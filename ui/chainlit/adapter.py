@@ -18,7 +18,11 @@ from ui.chainlit.chat import ChatHandlers
 from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
 from ui.chainlit.identity import clear_session_cookie
 from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
-from ui.chainlit.patches.sessions import disconnect_user_sockets, enter_live_session
+from ui.chainlit.patches.sessions import (
+    disconnect_session_sockets,
+    disconnect_user_sockets,
+    enter_live_session,
+)
 from ui.chainlit.request_guard import RequestGuard
 
 __all__ = ["ChainlitChat", "RequestGuard", "bundled_sign_in", "mount"]
@@ -73,6 +77,9 @@ class ChainlitChat:
 
     async def end_sessions(self, user_id: str) -> int:
         return await disconnect_user_sockets(user_id)
+
+    async def end_session(self, key: bytes) -> int:
+        return await disconnect_session_sockets(key)
 
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         if not enter_live_session(thread_id=thread_id, user_id=user_id):

@@ -12,6 +12,8 @@ from chainlit.context import context as chainlit_context
 from chainlit.context import init_ws_context
 from chainlit.session import WebsocketSession, ws_sessions_id
 
+from auth.sessions import session_key
+
 log = logging.getLogger("cairn.security")
 T = TypeVar("T")
 
@@ -75,6 +77,20 @@ async def disconnect_user_sockets(user_id: str) -> int:
     ended = 0
     for session in sessions:
         if getattr(session.user, "identifier", None) == user_id:
+            await sio.disconnect(session.socket_id)
+            ended += 1
+    return ended
+
+
+async def disconnect_session_sockets(key: bytes) -> int:
+    """End this worker's live chat connections of one signed-out session (by
+    auth.sessions.session_key of its token); returns how many. As disconnect_user_sockets."""
+    from chainlit.server import sio
+
+    sessions = [s for s in list(ws_sessions_id.values()) if isinstance(s, WebsocketSession)]
+    ended = 0
+    for session in sessions:
+        if session.token and session_key(session.token) == key:
             await sio.disconnect(session.socket_id)
             ended += 1
     return ended
