@@ -404,7 +404,7 @@ async def test_a_reply_written_from_outside_a_session_is_stored_once(
 async def test_an_open_run_step_is_stored_once_when_it_finishes_within_the_grace(
     layer: PostgresDataLayer, persistence: Persistence, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 0.3)
+    monkeypatch.setattr("ui.chainlit.data_layer.OPEN_STEP_GRACE_S", 0.3)
     alice = await new_user(layer, "alice")
     thread_id = await new_thread(layer, alice)
     init_http_context(thread_id=thread_id)
@@ -429,7 +429,7 @@ async def test_an_open_run_step_is_stored_once_when_it_finishes_within_the_grace
 async def test_a_step_waiting_to_be_stored_does_not_outlive_its_deletion(
     layer: PostgresDataLayer, persistence: Persistence, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 0.2)
+    monkeypatch.setattr("ui.chainlit.data_layer.OPEN_STEP_GRACE_S", 0.2)
     alice = await new_user(layer, "alice")
     kept, deleted = await new_thread(layer, alice), await new_thread(layer, alice)
     init_http_context(thread_id=kept)
@@ -452,7 +452,7 @@ async def test_an_element_for_a_step_waiting_to_be_stored_lands_with_its_step(
 ) -> None:
     """Chainlit's create_element makes a placeholder for a missing step, undated: it is stored
     at once (the element's row needs it), and the step's own update fills it in later."""
-    monkeypatch.setattr("ui.data_layer.OPEN_STEP_GRACE_S", 30.0)
+    monkeypatch.setattr("ui.chainlit.data_layer.OPEN_STEP_GRACE_S", 30.0)
     alice = await new_user(layer, "alice")
     thread_id = await new_thread(layer, alice)
     init_http_context(thread_id=thread_id)
