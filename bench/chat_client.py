@@ -86,7 +86,10 @@ class ChatSession:
             "chatProfile": quote(self._chat_profile) if self._chat_profile else "",
             "userEnv": "{}",
         }
-        headers = {"Cookie": self._cookie} if self._cookie else {}
+        # As a browser: the app refuses a chat socket from any other origin (ui/origin_guard.py).
+        headers = {"Origin": self._base_url.rstrip("/")}
+        if self._cookie:
+            headers["Cookie"] = self._cookie
         await self._sio.connect(
             self._base_url,
             headers=headers,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,18 +25,22 @@ class Attachment:
     text: str
 
 
-def check_message(content: str, elements: list[Any], settings: Settings) -> list[Attachment]:
-    """Refuse empty, oversize or disallowed input; returns the readable attachments."""
-    text = content.strip()
-    if not text and not elements:
+def check_text(content: str, *, max_chars: int, attached: bool = False) -> None:
+    """Refuse an empty (unless files are attached) or oversize message text."""
+    if not content.strip() and not attached:
         msg = "Your message is empty. Type something and send it again."
         raise InputRejected(msg)
-    if len(content) > settings.max_message_chars:
+    if len(content) > max_chars:
         msg = (
             f"Your message is {len(content):,} characters long; the limit is "
-            f"{settings.max_message_chars:,}. Shorten it or attach it as a text file."
+            f"{max_chars:,}. Shorten it or attach it as a text file."
         )
         raise InputRejected(msg)
+
+
+def check_message(content: str, elements: list[Any], settings: Settings) -> list[Attachment]:
+    """Refuse empty, oversize or disallowed input; returns the readable attachments."""
+    check_text(content, max_chars=settings.max_message_chars, attached=bool(elements))
     if len(elements) > settings.max_upload_files:
         msg = (
             f"Your message has {len(elements)} files attached; the limit is "
@@ -85,3 +90,23 @@ def compose(content: str, attachments: list[Attachment]) -> str:
         body = attachment.text.replace("</attachment>", "</ attachment>")
         parts.append(f'<attachment name="{name}">\n{body}\n</attachment>')
     return "\n\n".join(part for part in parts if part)
+
+
+MAX_JSON_DEPTH = 64
+"""Deeper than any body Cairn or Chainlit takes; Python's parser recurses per level."""
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a JSON text nests arrays and objects deeper than `limit`, read without parsing
+    it (tens of thousands of levels make `json.loads` and everything after it recurse out)."""
+    depth = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub(b"", raw)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth = max(depth - 1, 0)
+    return False

@@ -108,7 +108,9 @@ def test_deleting_a_conversation_removes_its_checkpoints_and_owner_record(app_se
     assert checkpoint_messages(app_server.database_url, thread_id)
 
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
-    with httpx.Client(base_url=app_server.url, cookies=cookies) as api:
+    with httpx.Client(
+        base_url=app_server.url, cookies=cookies, headers={"Origin": app_server.url}
+    ) as api:
         assert (
             api.request("DELETE", "/project/thread", json={"threadId": thread_id}).status_code
             == 200

@@ -86,7 +86,9 @@ async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(
     cookie = await sign_in(cluster.url, "bob", USERS["bob"])
     socket = ChatSocket(_Direct(second), cookie)  # type: ignore[arg-type]
     await socket.start()
-    async with httpx.AsyncClient(base_url=second.url, headers={"Cookie": cookie}) as http:
+    async with httpx.AsyncClient(
+        base_url=second.url, headers={"Cookie": cookie, "Origin": second.url}
+    ) as http:
         before = await http.post(
             "/project/file",
             params={"session_id": socket.session_id},

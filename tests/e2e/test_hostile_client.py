@@ -42,7 +42,7 @@ class ChatSocket:
         await self.client.connect(
             self.server.url,
             socketio_path="/ws/socket.io",
-            headers={"Cookie": self.cookie},
+            headers={"Cookie": self.cookie, "Origin": self.server.url},
             transports=["websocket"],
             auth={
                 "clientType": "webapp",
@@ -114,7 +114,7 @@ async def bob(app_server: AppServer, cookies: dict[str, str]) -> AsyncIterator[C
 
 
 def _files_folder(server: AppServer) -> Path:
-    # Beside it, the lock file that marks it in use (ui/chainlit_patches.py claim_instance_folder).
+    # Beside it, the lock file that marks it in use (ui/chainlit/patches/uploads.py claim_instance_folder).
     [folder] = [p for p in (server.data_dir / "files").glob("instance-*") if p.is_dir()]
     return folder
 
@@ -124,7 +124,9 @@ def _tree(root: Path) -> set[str]:
 
 
 def _http(server: AppServer, cookie: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.url, headers={"Cookie": cookie}, timeout=30)
+    return httpx.AsyncClient(
+        base_url=server.url, headers={"Cookie": cookie, "Origin": server.url}, timeout=30
+    )
 
 
 # --- Hole 1: a client-chosen session id never reaches the filesystem ---
@@ -407,7 +409,7 @@ async def test_a_malformed_connect_is_refused_with_a_fixed_reason(app_server, co
         await client.connect(
             app_server.url,
             socketio_path="/ws/socket.io",
-            headers={"Cookie": cookies["bob"]},
+            headers={"Cookie": cookies["bob"], "Origin": app_server.url},
             transports=["websocket"],
             auth=auth,
             wait_timeout=10,

@@ -40,7 +40,9 @@ def test_second_user_cannot_see_or_open_first_users_conversation(app_server, bro
     expect(bob.get_by_text("alice private canary 7731")).to_have_count(0)
 
     # Not through Chainlit's thread API: a foreign thread looks exactly like a missing one.
-    with httpx.Client(base_url=app_server.url, cookies=_cookies(bob)) as api:
+    with httpx.Client(
+        base_url=app_server.url, cookies=_cookies(bob), headers=_origin(app_server)
+    ) as api:
         foreign = api.get(f"/project/thread/{thread_id}")
         missing = api.get("/project/thread/00000000-0000-4000-8000-000000000000")
         assert foreign.status_code == missing.status_code == 404
@@ -54,7 +56,9 @@ def test_second_user_cannot_see_or_open_first_users_conversation(app_server, bro
         assert renamed.status_code == 404
 
     # Alice still has it, untouched.
-    with httpx.Client(base_url=app_server.url, cookies=_cookies(alice)) as api:
+    with httpx.Client(
+        base_url=app_server.url, cookies=_cookies(alice), headers=_origin(app_server)
+    ) as api:
         mine = api.get(f"/project/thread/{thread_id}")
         assert mine.status_code == 200
         assert "alice private canary 7731" in mine.text
@@ -104,3 +108,8 @@ def test_another_users_thread_url_looks_like_a_missing_one(app_server, browser):
     assert THREAD_URL.match(bob.url).group(1) != thread_id
     assert _thread_steps(app_server.database_url, thread_id) == before
     bob.context.close()
+
+
+def _origin(server) -> dict[str, str]:
+    """As a browser sends it: the app refuses state changes from other origins."""
+    return {"Origin": server.url}

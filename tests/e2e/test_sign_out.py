@@ -93,7 +93,9 @@ async def test_a_replayed_cookie_after_sign_out_is_refused_by_every_worker(
     tab = ChatSocket(second, cookie)  # a chat open on the other worker
     await tab.start()
 
-    async with httpx.AsyncClient(base_url=first.url, headers={"Cookie": cookie}) as http:
+    async with httpx.AsyncClient(
+        base_url=first.url, headers={"Cookie": cookie, "Origin": first.url}
+    ) as http:
         signed_out = await http.post("/logout")
     assert signed_out.status_code == 200, signed_out.text
 
@@ -112,7 +114,9 @@ async def test_sign_out_everywhere_ends_every_session_and_token(
     first, second = workers
     here = await sign_in(first.url, "bob", USERS["bob"])
     elsewhere = await sign_in(second.url, "bob", USERS["bob"])
-    async with httpx.AsyncClient(base_url=first.url, headers={"Cookie": here}) as http:
+    async with httpx.AsyncClient(
+        base_url=first.url, headers={"Cookie": here, "Origin": first.url}
+    ) as http:
         made = await http.post(
             "/api/tokens",
             json={"name": "cli", "scopes": ["assistant"]},
@@ -138,7 +142,9 @@ async def test_sign_out_everywhere_ends_every_session_and_token(
     await asyncio.sleep(1.1)
     fresh = await sign_in(second.url, "bob", USERS["bob"])
     assert await statuses(first, fresh) == {"memory": 200, "token": 200}
-    async with httpx.AsyncClient(base_url=first.url, headers={"Cookie": fresh}) as http:
+    async with httpx.AsyncClient(
+        base_url=first.url, headers={"Cookie": fresh, "Origin": first.url}
+    ) as http:
         listed = (await http.get("/api/tokens")).json()["tokens"]
     assert {t["name"]: t["revoked"] for t in listed}["cli"] is True
 

@@ -119,7 +119,9 @@ async def test_a_wipe_on_one_worker_leaves_nothing_while_another_keeps_chatting(
 ) -> None:
     first, second = workers
     cookie = await sign_in(second.url, "alice", USERS["alice"])
-    async with httpx.AsyncClient(base_url=first.url, headers={"Cookie": cookie}, timeout=60) as w1:
+    async with httpx.AsyncClient(
+        base_url=first.url, headers={"Cookie": cookie, "Origin": first.url}, timeout=60
+    ) as w1:
         user = (await w1.get("/api/memory")).json()["user"]
 
         tab = ChatSocket(second, cookie)

@@ -368,6 +368,39 @@ async def test_a_malformed_client_message_never_reaches_chainlit(payload):
     assert sio.emitted == [("toast", {"message": MALFORMED, "type": "error"})]
 
 
+@pytest.mark.parametrize(
+    ("event", "payload", "told"),
+    [
+        ("client_message", {"message": _step(output="x" * 80_001)}, "80,001 characters"),
+        ("client_message", {"message": _step(output="x" * 8_001)}, "the limit is 8,000"),
+        ("client_message", {"message": _step(output="   ")}, "Your message is empty"),
+        ("edit_message", {"message": {"id": str(uuid.uuid4()), "output": "y" * 9000}}, "9,000"),
+    ],
+)
+async def test_an_oversize_or_empty_message_is_refused_before_chainlit_stores_it(
+    event: str, payload: dict[str, Any], told: str
+) -> None:
+    """Chainlit writes a message as a step before on_message runs: refused there, the removal
+    raced the write. Refused here, Chainlit never sees it, so nothing is stored."""
+    sio = _FakeSio()
+    sockets.guard_socket_events(sio, max_message_chars=8000)
+    await sio.handlers["/"][event]("sid", payload)
+    assert sio.calls == []
+    [(kind, shown)] = sio.emitted
+    assert kind == "toast"
+    assert told in shown["message"]
+
+
+async def test_a_message_at_the_limit_or_with_files_only_reaches_chainlit() -> None:
+    sio = _FakeSio()
+    sockets.guard_socket_events(sio, max_message_chars=8000)
+    at_limit = {"message": _step(output="x" * 8000)}
+    files_only = {"message": _step(output=""), "fileReferences": [{"id": "f"}]}
+    await sio.handlers["/"]["client_message"]("sid", at_limit)
+    await sio.handlers["/"]["client_message"]("sid", files_only)
+    assert [name for name, _ in sio.calls] == ["client_message", "client_message"]
+
+
 async def test_a_browser_message_reaches_chainlit():
     sio = _FakeSio()
     sockets.guard_socket_events(sio)

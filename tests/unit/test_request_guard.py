@@ -180,3 +180,38 @@ async def test_text_bodies_without_nul_reach_the_route_whole(chainlit_routes: _C
 
 
 JSON = {"content-type": "application/json"}
+
+
+DEEP = b"[" * 30_000 + b"]" * 30_000
+"""About 60 KB of nesting: Python's JSON parser recursed out on it, and every route answered 500."""
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("PUT", "/project/thread", JSON),
+        ("POST", "/project/action", JSON),
+        ("PUT", "/api/memory/items/k", JSON),
+        ("POST", "/api/memory/settings", JSON),
+        ("POST", "/api/tokens", JSON),
+        ("POST", "/mcp", JSON),
+        ("POST", "/api/account/wipe", {}),  # no content type: FastAPI reads it as JSON too
+        ("POST", "/support/threads/t/checkpoints/c/fork", {"Content-Type": "application/vnd+json"}),
+    ],
+)
+async def test_deeply_nested_json_gets_a_fixed_400_before_any_route(
+    method: str, path: str, headers: dict[str, str], chainlit_routes: _Chainlit
+) -> None:
+    async with _client(chainlit_routes, "bob") as http:
+        answer = await http.request(method, path, content=DEEP, headers=headers)
+    assert answer.status_code == 400
+    assert answer.json() == {"detail": "The request was malformed."}
+    assert chainlit_routes.reached == []
+
+
+async def test_nesting_a_real_body_uses_reaches_the_route(chainlit_routes: _Chainlit) -> None:
+    body = b'{"a": [[{"b": ["[[[[[[[[[[ in a string ]]]]]]]]]]"]}]]}'
+    async with _client(chainlit_routes, "bob") as http:
+        answer = await http.put("/api/memory/items/k", content=body, headers=JSON)
+    assert answer.status_code == 200
+    assert chainlit_routes.reached == ["/api/memory/items/k"]

@@ -114,7 +114,11 @@ def mount(
     from chainlit.utils import mount_chainlit
 
     config.configure(settings, public_url=public_url, auth_secret=auth_secret, origins=origins)
-    patches.install(files_parent=settings.data_dir / "files", origins=origins)
+    patches.install(
+        files_parent=settings.data_dir / "files",
+        origins=origins,
+        max_message_chars=settings.max_message_chars,
+    )
     presentations = discover(AGENTS)
 
     async def delete_thread_data(thread_id: str) -> None:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse
 
 from auth.sessions import token_claims
 from ui.chainlit.patches.sockets import has_nul, is_session_id
+from ui.input import MAX_JSON_DEPTH, json_too_deep
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -303,6 +304,7 @@ class RequestGuard:
         if rule.body is None:
             return receive
         raw = await _read_body(receive)
+        _not_too_deep(raw)
         try:
             body = json.loads(raw)
             rule.body.model_validate(body)
@@ -328,8 +330,8 @@ def _text_body(scope: Scope) -> Literal["json", "form"] | None:
     if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
         return None
     content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json" or content_type.endswith("+json"):
-        return "json"
+    if not content_type or content_type == "application/json" or content_type.endswith("+json"):
+        return "json"  # FastAPI reads a body with no content type as JSON too
     if content_type == "application/x-www-form-urlencoded":
         return "form"
     return None
@@ -340,6 +342,8 @@ async def _text_without_nul(kind: Literal["json", "form"], receive: Receive) -> 
     cannot: a memory edit, a token name, a sign-in failed with a 500). Unparsable JSON goes on
     for the route to answer as it does."""
     raw = await _read_body(receive, limit=MAX_TEXT_BODY_BYTES)
+    if kind == "json":
+        _not_too_deep(raw)
     if kind == "form":
         found = b"%00" in raw or b"\x00" in raw
     else:
@@ -350,6 +354,13 @@ async def _text_without_nul(kind: Literal["json", "form"], receive: Receive) -> 
     if found:
         raise Refused(400, MALFORMED, "a NUL character in the body")
     return _replay(raw, receive)
+
+
+def _not_too_deep(raw: bytes) -> None:
+    """Deeply nested JSON is refused before anything parses it (the parser, and every walk of
+    the result, recurse per level: tens of thousands of levels ended in a 500)."""
+    if json_too_deep(raw):
+        raise Refused(400, MALFORMED, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 async def _read_body(receive: Receive, *, limit: int = MAX_JSON_BYTES) -> bytes:

@@ -37,13 +37,15 @@ CHAINLIT_VERSION = "2.12.0"
 """The Chainlit release every patch and copy in this package was checked against."""
 
 
-def install(*, files_parent: Path, origins: Sequence[str]) -> Path:
+def install(
+    *, files_parent: Path, origins: Sequence[str], max_message_chars: int | None = None
+) -> Path:
     """Apply every patch once per process (again: no patch wraps or replaces twice); returns
     this process's uploads folder. Runs after Chainlit's config is set (ui/chainlit/config.py)."""
     import chainlit.server
 
     route_message_edits(chainlit.server.sio)
-    guard_socket_events(chainlit.server.sio)
+    guard_socket_events(chainlit.server.sio, max_message_chars=max_message_chars)
     check_socket_origins(chainlit.server.sio, origins)
     folder = relocate_files(files_parent)
     space_out_steps()

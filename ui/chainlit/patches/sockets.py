@@ -24,6 +24,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from starlette.requests import cookie_parser
 
 from graphs.core.errors import is_database_outage
+from ui.input import InputRejected, check_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -420,7 +421,7 @@ Handler = Callable[..., Awaitable[Any]]
 Emit = Callable[[str, Any, str], Awaitable[None]]
 
 
-def guard_socket_events(sio: Any) -> None:
+def guard_socket_events(sio: Any, *, max_message_chars: int | None = None) -> None:
     """Wrap each of Chainlit's socket handlers once: checked arguments, fixed error texts.
 
     Before: a malformed frame reached Chainlit's handlers, which answered with the raw
@@ -437,13 +438,36 @@ def guard_socket_events(sio: Any) -> None:
     async def tell(sid: str, text: str) -> None:
         await sio.emit("toast", {"message": text, "type": "error"}, to=sid)
 
+    checks = dict(_CHECKS)
+    if max_message_chars is not None:
+        checks["client_message"] = _with_text_check(_client_message, max_message_chars)
+        checks["edit_message"] = _with_text_check(_edit_message, max_message_chars)
     for name, handler in list(handlers.items()):
         if getattr(handler, "cairn_guarded", False):
             continue
         if name == "connect":
             handlers[name] = _guard_connect(handler)
         else:
-            handlers[name] = _guard_event(name, handler, _CHECKS.get(name, _none), tell)
+            handlers[name] = _guard_event(name, handler, checks.get(name, _none), tell)
+
+
+def _with_text_check(
+    check: Callable[[str, tuple[Any, ...]], tuple[Any, ...]], max_chars: int
+) -> Callable[[str, tuple[Any, ...]], tuple[Any, ...]]:
+    """An empty or oversize message is refused here, before Chainlit stores it.
+
+    Chainlit writes a client's message as a step before `on_message` runs; refused there, it
+    was removed again, but the removal raced the write and about one try in three left the
+    text stored and served back with the conversation.
+    """
+
+    def checked(sid: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        (payload,) = check(sid, args)
+        attached = bool(payload.get("fileReferences"))
+        check_text(str(payload["message"]["output"]), max_chars=max_chars, attached=attached)
+        return (payload,)
+
+    return checked
 
 
 def _guard_event(
@@ -460,6 +484,10 @@ def _guard_event(
         except Malformed as exc:
             log.warning("refused malformed %s event from socket %s: %s", name, sid, exc)
             await tell(sid, MALFORMED)
+            return None
+        except InputRejected as exc:
+            log.info("refused %s from socket %s: %s", name, sid, exc)
+            await tell(sid, str(exc))
             return None
         if (idle := _IDLE.get(name)) is not None and idle(sid):
             return None
