@@ -178,7 +178,8 @@ def source_digest(function: Callable[..., Any]) -> str:
 def test_chainlit_is_the_version_the_patches_were_checked_against():
     assert chainlit.__version__ == chainlit_patches.CHAINLIT_VERSION, (
         "Chainlit was upgraded: re-check every patch in ui/chainlit_patches.py, then update "
-        "CHAINLIT_VERSION and the digests in this test"
+        "CHAINLIT_VERSION, the digests in this test and the pin in pyproject.toml "
+        "(README: Installing and upgrading; tests/unit/test_lock.py checks they agree)"
     )
 
 
