@@ -18,7 +18,7 @@ from ui import output_guard, runtime
 from ui.agents import AGENTS
 from ui.chainlit import adapter
 from ui.chainlit.config import ui_policy
-from ui.chainlit.identity import clear_session_cookie, session_token
+from ui.chainlit.identity import SessionCookieFlags, clear_session_cookie, session_token
 from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint
@@ -150,6 +150,7 @@ def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None
     # A malformed body to a Chainlit route is refused before anything else reads it.
     app.add_middleware(adapter.RequestGuard)
     app.add_middleware(OriginGuard, origins=origins)
+    app.add_middleware(SessionCookieFlags, secure=state.public_url.startswith("https://"))
     app.add_middleware(
         SecurityHeaders, policy=ui_policy(state.public_url, settings.image_allowed_origins)
     )
