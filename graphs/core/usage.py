@@ -334,7 +334,6 @@ def over_budget(spent: str) -> str:
     now = datetime.now(UTC)
     reset = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
     return (
-        f"This month's usage budget is spent: you have used {spent}, and this request could "
-        f"go over it, so it was not started. The budget renews on {reset:%B %-d} (UTC); "
-        "the operator can raise it."
+        f"Not started: this request could take you past this month's usage budget (you have "
+        f"used {spent}). The budget renews on {reset:%B %-d} (UTC); the operator can raise it."
     )
