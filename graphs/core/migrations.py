@@ -575,6 +575,23 @@ CREATE TABLE IF NOT EXISTS cairn_usage_months (
 );
 """
 
+# Limits shared by every worker.
+# - cairn_rate_buckets: a token bucket per outside service (graphs/tools/ratelimit.py).
+# - cairn_slots: work running at once, a leased row per holder and key (graphs/core/slots.py).
+SHARED_LIMITS_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_rate_buckets (
+    name text PRIMARY KEY,
+    tokens double precision NOT NULL,
+    stamp timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cairn_slots (
+    key text NOT NULL,
+    holder uuid NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, holder)
+);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -594,6 +611,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0105_worker_leases", WORKER_LEASES_SQL),
     Migration("0106_sign_out", SIGN_OUT_SQL),
     Migration("0107_usage", USAGE_SQL),
+    Migration("0108_shared_limits", SHARED_LIMITS_SQL),
 )
 
 
