@@ -94,6 +94,20 @@ function renderSettings() {
   $("retention").value = s.retention_days ? String(s.retention_days) : "";
   const days = s.retention_days || s.default_retention_days;
   $("retention-text").textContent = days + " days without activity";
+  renderUsage(state.usage);
+}
+
+function renderUsage(u) {
+  if (!u) {
+    $("usage").textContent = "";
+    return;
+  }
+  const money = (x) => "$" + x.toFixed(x < 1 ? 4 : 2);
+  let text = "This month: " + u.tokens.toLocaleString() + " tokens in " + u.runs +
+    " run(s), about " + money(u.estimated_cost) + " at the configured prices.";
+  if (u.token_budget) text += " Budget: " + u.token_budget.toLocaleString() + " tokens.";
+  if (u.cost_budget) text += " Budget: " + money(u.cost_budget) + ".";
+  $("usage").textContent = text;
 }
 
 function renderSuggestions() {

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from auth.ownership import NOT_FOUND, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
+from graphs.core.offline import OFFLINE_STRUCTURED
 from ui.runner import UNAVAILABLE
 from ui.surface import HeadlessSurface, HeadlessView
 
@@ -132,9 +133,6 @@ def tool_signature(tool: McpTool) -> inspect.Signature:
     if tool.pre_approve is not None:
         params.append(inspect.Parameter("pre_approve", arg, default=False, annotation=bool))
     return inspect.Signature(params, return_annotation=dict[str, Any])
-
-
-OFFLINE_STRUCTURED = "OfflineStructuredOutput"
 
 
 class Logged(ToolError):
@@ -636,6 +634,12 @@ class McpEndpoint:
             "agent": spec.key,
             "model_calls": call.budget.calls,
         }
+        if surface.used is not None:
+            result["usage"] = {
+                "input_tokens": surface.used.input_tokens,
+                "output_tokens": surface.used.output_tokens,
+                "estimated_cost": round(surface.used.cost, 6),
+            }
         if "pre_approval" in surface.values:
             result["pre_approval"] = surface.values["pre_approval"]
         if outcome.status == "paused":

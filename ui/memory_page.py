@@ -161,6 +161,7 @@ def build_router() -> APIRouter:
             "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
             if runtime.memory_jobs
             else 0,
+            "usage": await usage_this_month(runtime, user_id),
         }
 
     @router.get("/api/memory/search")
@@ -309,6 +310,20 @@ def build_router() -> APIRouter:
         return {"signed_out": True, "tokens_revoked": revoked}
 
     return router
+
+
+async def usage_this_month(runtime: AppRuntime, user_id: str) -> dict[str, Any] | None:
+    """The user's model use this month and their budget (0: none), at the configured prices."""
+    if runtime.usage is None:
+        return None
+    month = await runtime.usage.month(user_id)
+    return {
+        "runs": month.runs,
+        "tokens": month.tokens,
+        "estimated_cost": round(month.cost, 6),
+        "token_budget": runtime.usage.budget.tokens,
+        "cost_budget": runtime.usage.budget.cost,
+    }
 
 
 def _memory(runtime: AppRuntime, user_id: str) -> ScopedMemory:

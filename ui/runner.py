@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
@@ -33,6 +33,7 @@ from graphs.core.timetravel import (
     message_fork_point,
     root_checkpoint_id,
 )
+from graphs.core.usage import Admission, OverBudget, RunUsage, UsageMeter, metered
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from graphs.core.persistence import Pool
     from graphs.core.settings import Settings
     from graphs.core.tracing import Tracing
+    from graphs.core.usage import UsageLedger
     from graphs.memory.jobs import MemoryJobs
 
 log = logging.getLogger("cairn.turns")
@@ -219,6 +221,11 @@ class Surface(Protocol):
 
     async def notice(self, text: str) -> None: ...
     async def refuse(self, text: str) -> None: ...
+    async def usage(self, usage: RunUsage) -> None:
+        """What the run used (tokens, estimated cost), after its reply; only called when the
+        runner records usage."""
+        ...
+
     async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         """An error with a Retry button: it resumes the thread from its last checkpoint, or,
         given the message it failed on, sends that message again if the graph never got it."""
@@ -281,6 +288,8 @@ class RunOutcome:
     interrupts: list[Interrupt] = field(default_factory=list)
     reply: str | None = None
     owned: OwnedThread | None = None
+    usage: RunUsage | None = None
+    """What the run used, when the runner records usage."""
 
 
 class Runner:
@@ -298,6 +307,7 @@ class Runner:
         stale_s: float = STALE_S,
         tracing: Tracing | None = None,
         fork_points: ForkPoints | None = None,
+        usage: UsageLedger | None = None,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -317,6 +327,9 @@ class Runner:
         """Trace metadata for each run (the user hashed), when tracing is on."""
         self.fork_points = fork_points
         """Each user message's checkpoint, so editing it forks from there (None: not kept)."""
+        self.usage = usage
+        """Every run's model use in Postgres, and the monthly budget it is admitted against
+        (None: neither)."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -603,7 +616,9 @@ class Runner:
             # reply goes with the outcome (the stored conversation skips it if it has it).
             return RunOutcome("done", reply=spec.reply_text(state.values), owned=owned)
         log.info("resuming thread %s (%s) left by a stopped worker", thread_id, spec.key)
-        outcome = await self._run(surface, spec, None, _context(owned, user_id, thread_id), owned)
+        # Admitted when it started: continuing it is never refused for the budget (not mid-run).
+        context = _context(owned, user_id, thread_id)
+        outcome = await self._run(surface, spec, None, context, owned, budgeted=False)
         metrics.observe_resumed(spec.key, outcome.status)
         if outcome.status == "failed":
             await self.journal.give_up(thread_id)
@@ -645,8 +660,10 @@ class Runner:
         answering: str | None = None,
         start: StartFrom | None = None,
         message_id: str | None = None,
+        budgeted: bool = True,
     ) -> RunOutcome:
-        """One run on the thread; a second one while it works is refused (across workers).
+        """One run on the thread; a second one while it works is refused (across workers), and
+        so is one the user's monthly budget cannot cover (`budgeted`), before it starts.
 
         Everything the run writes (its journal row, checkpoints, memories, fetch log, after-turn
         jobs) carries the authority of the session that asked for it, or of this moment for a
@@ -657,7 +674,7 @@ class Runner:
             authority = fence.Fence.now(context.user_id)
         with fence.acting_for(authority):
             return await self._run_fenced(
-                surface, spec, inputs, context, owned, answering, start, message_id
+                surface, spec, inputs, context, owned, answering, start, message_id, budgeted
             )
 
     async def _run_fenced(
@@ -670,22 +687,33 @@ class Runner:
         answering: str | None,
         start: StartFrom | None,
         message_id: str | None,
+        budgeted: bool,
     ) -> RunOutcome:
         graph = self.graphs.get(spec.key)
         if graph is None:
             await surface.refuse(UNAVAILABLE)
             return RunOutcome("refused", owned=owned)
         outcome: RunOutcome | None = None
+        meter: UsageMeter | None = None
         try:
             async with self.locks.hold(context.thread_id):
+                # Checked again under the lock: two presses of one button, on two workers.
+                if (
+                    answering is not None
+                    and await self._pending(spec, context.thread_id, answering) is None
+                ):
+                    await surface.refuse(ANSWERED)
+                    return RunOutcome("refused", owned=owned)
+                admission = await self._admit(spec, context, budgeted=budgeted)
+                if isinstance(admission, str):  # over budget: the question stays pending
+                    metrics.observe_refusal(spec.key, "budget")
+                    await surface.refuse(admission)
+                    return RunOutcome("refused", owned=owned)
                 if answering is not None:
-                    # Checked again under the lock: two presses of one button, on two workers.
-                    if await self._pending(spec, context.thread_id, answering) is None:
-                        await surface.refuse(ANSWERED)
-                        return RunOutcome("refused", owned=owned)
                     await surface.clear_prompt(answering)
                 config = await self._start_config(graph, spec, context.thread_id, start)
                 if config is None:
+                    await self._settle(admission, None, "not_found", time.perf_counter())
                     await surface.refuse(NOT_FOUND)
                     return RunOutcome("not_found", owned=owned)
                 if message_id is not None and self.fork_points is not None:
@@ -697,17 +725,22 @@ class Runner:
                     await self.journal.started(
                         thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
                     )
+                meter = self.usage.meter() if self.usage is not None else None
+                started = time.perf_counter()
                 try:
                     # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
                     try:
-                        outcome = await self._stream(
-                            surface, spec, graph, inputs, context, config, message_id=message_id
-                        )
+                        with metered(meter) if meter is not None else nullcontext():
+                            outcome = await self._stream(
+                                surface, spec, graph, inputs, context, config, message_id=message_id
+                            )
                     except asyncio.CancelledError:
                         # The user's Stop; a lock lost to another run leaves it the row.
+                        await self._settle(admission, meter, "cancelled", started)
                         if not self.locks.lost(context.thread_id):
                             await self._stopped(context.thread_id)
                         raise
+                    await self._settle(admission, meter, outcome.status, started)
                     if self.journal is not None:
                         await self._journal_finished(context.thread_id, outcome)
                 finally:
@@ -736,6 +769,9 @@ class Runner:
         if outcome.status == "unavailable":
             return outcome
         outcome.owned = owned
+        if meter is not None:
+            outcome.usage = meter.usage
+            await surface.usage(meter.usage)
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
@@ -746,6 +782,41 @@ class Runner:
             if spec.after_turn is not None:
                 self._in_background(spec.after_turn(self.services, context))
         return outcome
+
+    async def _admit(
+        self, spec: AgentSpec, context: Context, *, budgeted: bool
+    ) -> Admission | str | None:
+        """The run's usage row, its expected use reserved against the user's monthly budget
+        (None: usage not recorded); the refusal's text when the budget cannot cover it."""
+        if self.usage is None:
+            return None
+        try:
+            return await self.usage.admit(
+                user_id=context.user_id,
+                thread_id=context.thread_id,
+                agent=spec.key,
+                budgeted=budgeted,
+            )
+        except OverBudget as exc:
+            log.info("%s run refused: user over their monthly budget", spec.key)
+            return str(exc)
+
+    async def _settle(
+        self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float
+    ) -> None:
+        """What the run used replaces its reservation; Postgres away only loses the figures
+        (the reservation lapses by itself)."""
+        if self.usage is None or admission is None:
+            return
+        used = meter.usage if meter is not None else RunUsage()
+        try:
+            await self.usage.settle(
+                admission, used, status=status, wall_s=time.perf_counter() - started
+            )
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("usage of run %s not recorded: %s", admission.run_id, exc)
 
     async def _stopped(self, thread_id: str) -> None:
         """The user stopped the run (Chainlit's Stop cancels the chat's task; a worker that

@@ -28,6 +28,7 @@ from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.timetravel import MessageCheckpoints, SupportAudit
 from graphs.core.tracing import Tracing, configure_tracing
+from graphs.core.usage import UsageLedger
 from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy, finish_wipes_forever
 from ui.agents import AGENTS
@@ -72,6 +73,8 @@ class AppRuntime:
     memory_jobs: MemoryJobs | None = None
     tokens: AccessTokens | None = None
     """Personal access tokens for the MCP endpoint."""
+    usage: UsageLedger | None = None
+    """Every run's model use, and each user's monthly budget (graphs/core/usage.py)."""
     _privacy: Privacy | None = None
     _runner: Runner | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -138,6 +141,7 @@ def open_runtime(settings: Settings, *, public_url: str, auth_secret: str) -> Ap
         tracing=configure_tracing(settings, auth_secret=auth_secret),
         support_audit=SupportAudit(pool),
         revocations=SessionRevocations(pool),
+        usage=UsageLedger.from_settings(pool, settings),
     )
 
 
@@ -171,6 +175,7 @@ async def start(runtime: AppRuntime) -> None:
         journal=journal,
         tracing=runtime.tracing,
         fork_points=MessageCheckpoints(runtime.pool),
+        usage=runtime.usage,
     )
     runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from langgraph.types import StateSnapshot
 
     from graphs.core.context import Context
+    from graphs.core.usage import RunUsage
     from ui.runner import AgentSpec, InterruptKind, LoadState, Status, View
 
 
@@ -45,6 +46,8 @@ class HeadlessSurface:
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.used: RunUsage | None = None
+        """What the run used (when the runner records usage), for the caller's answer."""
 
     def view(self, spec: AgentSpec, context: Context) -> View:
         return HeadlessView(spec)
@@ -54,6 +57,9 @@ class HeadlessSurface:
 
     async def refuse(self, text: str) -> None:
         self.errors.append(text)
+
+    async def usage(self, usage: RunUsage) -> None:
+        self.used = usage
 
     async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         self.errors.append(text)

@@ -541,6 +541,57 @@ CREATE TABLE IF NOT EXISTS cairn_auth_attempts (
 CREATE INDEX IF NOT EXISTS cairn_auth_attempts_window ON cairn_auth_attempts (window_start);
 """
 
+# Usage per run and the monthly budget's lock row (graphs/core/usage.py).
+# - cairn_usage: one row per run, written as it starts with its reservation against the user's
+#   monthly budget and settled with what it used when it ends (a row still 'running' after
+#   usage.RESERVATION_TTL_S no longer counts: its worker died). Read by `make capacity`.
+# - cairn_usage_months: one row per user and month, locked while a run is admitted.
+USAGE_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_usage (
+    run_id uuid PRIMARY KEY,
+    user_id text NOT NULL,
+    thread_id text NOT NULL,
+    agent text NOT NULL,
+    status text NOT NULL DEFAULT 'running',
+    reserved_tokens bigint NOT NULL DEFAULT 0 CHECK (reserved_tokens >= 0),
+    reserved_cost double precision NOT NULL DEFAULT 0 CHECK (reserved_cost >= 0),
+    model_calls integer NOT NULL DEFAULT 0,
+    input_tokens bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    tool_calls integer NOT NULL DEFAULT 0,
+    subagents integer NOT NULL DEFAULT 0,
+    nodes jsonb NOT NULL DEFAULT '{}',
+    cost double precision NOT NULL DEFAULT 0,
+    wall_s double precision,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS cairn_usage_user_created ON cairn_usage (user_id, created_at);
+CREATE INDEX IF NOT EXISTS cairn_usage_agent_created ON cairn_usage (agent, created_at);
+CREATE TABLE IF NOT EXISTS cairn_usage_months (
+    user_id text NOT NULL,
+    month date NOT NULL,
+    PRIMARY KEY (user_id, month)
+);
+"""
+
+# Limits shared by every worker.
+# - cairn_rate_buckets: a token bucket per outside service (graphs/tools/ratelimit.py).
+# - cairn_slots: work running at once, a leased row per holder and key (graphs/core/slots.py).
+SHARED_LIMITS_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_rate_buckets (
+    name text PRIMARY KEY,
+    tokens double precision NOT NULL,
+    stamp timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cairn_slots (
+    key text NOT NULL,
+    holder uuid NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, holder)
+);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -559,6 +610,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0104_checkpoint_prune", CHECKPOINT_PRUNE_SQL),
     Migration("0105_worker_leases", WORKER_LEASES_SQL),
     Migration("0106_sign_out", SIGN_OUT_SQL),
+    Migration("0107_usage", USAGE_SQL),
+    Migration("0108_shared_limits", SHARED_LIMITS_SQL),
 )
 
 

@@ -8,6 +8,9 @@ from langchain_openai import ChatOpenAI
 from graphs.core.offline import OfflineChatModel
 from graphs.core.settings import ModelRole, Settings, get_settings
 
+ROLE_KEY = "cairn_role"
+"""The model's metadata key naming its role (seen by callbacks on every call)."""
+
 OFFLINE_NOTICE = (
     "No model key is configured: Cairn is running its offline stand-in model. "
     "Replies are canned, not intelligent. Set OPENAI_API_KEY (and OPENAI_BASE_URL for "
@@ -20,9 +23,13 @@ def chat_model(
 ) -> BaseChatModel:
     """The chat model for one role: the configured server, or the offline model without a key."""
     settings = settings or get_settings()
+    # Every call says which role made it, so its tokens are priced as that role's
+    # (graphs/core/usage.py).
+    metadata = {ROLE_KEY: role}
     if settings.offline:
-        return OfflineChatModel()
+        return OfflineChatModel(metadata=metadata)
     return ChatOpenAI(
+        metadata=metadata,
         model=settings.model_name(role),
         api_key=settings.openai_api_key,
         base_url=settings.openai_base_url,

@@ -30,6 +30,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call, tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda
@@ -56,6 +57,12 @@ _FORMAT_EXAMPLES = {
 }
 _MAX_NESTING = 4
 """Deeper than this, arrays stay empty so self-referencing schemas terminate."""
+OFFLINE_STRUCTURED = "OfflineStructuredOutput"
+"""The run name of the stand-in's structured output, which answers without a chat-model run:
+counters of model calls count it as the call it stands in for."""
+CHARS_PER_TOKEN = 4
+"""The stand-in has no tokenizer: it reports one token per 4 characters (about right for
+English with the GPT tokenizers), an estimate, so usage figures and budgets work offline."""
 NUMBERED_LINE = re.compile(r"^\d+[.)]\s+(.+?)\s*$")
 """An item of a numbered list ("1. ...", "2) ...")."""
 _FENCED = re.compile(r"<([a-z_]+)>((?:(?!<\1>).)*?)</\1>", re.DOTALL)
@@ -247,10 +254,15 @@ class OfflineChatModel(BaseChatModel):
         async def arespond(model_input: LanguageModelInput) -> Any:
             return respond(model_input)
 
-        return RunnableLambda(respond, afunc=arespond, name="OfflineStructuredOutput")
+        # The model's metadata (its role) travels with the answer, as a chat-model run's would.
+        answer = RunnableLambda(respond, afunc=arespond, name=OFFLINE_STRUCTURED)
+        return answer.with_config(metadata=dict(self.metadata or {}))
 
     def _reply(self, messages: list[BaseMessage]) -> AIMessage:
-        turn = Turn(list(messages), self.tool_names)
+        reply = self._answer_turn(Turn(list(messages), self.tool_names))
+        return reply.model_copy(update={"usage_metadata": estimated_usage(messages, reply)})
+
+    def _answer_turn(self, turn: Turn) -> AIMessage:
         reply = _tool_command(turn) or self.respond(turn)
         if reply is not None:
             return reply
@@ -269,6 +281,21 @@ class OfflineChatModel(BaseChatModel):
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             return schema.model_validate(answer)
         return answer  # TypedDicts and dict schemas come back as plain dicts, as with ChatOpenAI
+
+
+def estimated_tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def estimated_usage(messages: Sequence[BaseMessage], reply: AIMessage) -> UsageMetadata:
+    """Tokens by CHARS_PER_TOKEN (no tokenizer offline): the messages read, the reply written
+    (its text and tool calls)."""
+    read = estimated_tokens(sum(len(str(m.content)) for m in messages))
+    calls = (
+        json.dumps([[c["name"], c["args"]] for c in reply.tool_calls]) if reply.tool_calls else ""
+    )
+    written = estimated_tokens(len(str(reply.content)) + len(calls))
+    return UsageMetadata(input_tokens=read, output_tokens=written, total_tokens=read + written)
 
 
 def _tool_command(turn: Turn) -> AIMessage | None:
@@ -290,10 +317,10 @@ def _tool_command(turn: Turn) -> AIMessage | None:
 
 
 def message_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:
-    """Split a reply into word chunks (spaces kept) plus one chunk carrying its tool calls."""
+    """Split a reply into word chunks (spaces kept) plus one chunk carrying its tool calls; the
+    last chunk carries the reply's usage (chunks add up, as a server's stream does)."""
     words = re.findall(r"\S+\s*|\s+", str(message.text))
-    for word in words or ([] if message.tool_calls else [""]):
-        yield ChatGenerationChunk(message=AIMessageChunk(content=word, id=message.id))
+    pieces = [AIMessageChunk(content=w, id=message.id) for w in words]
     if message.tool_calls:
         chunks = [
             tool_call_chunk(
@@ -301,9 +328,13 @@ def message_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:
             )
             for i, call in enumerate(message.tool_calls)
         ]
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(content="", id=message.id, tool_call_chunks=chunks)
-        )
+        pieces.append(AIMessageChunk(content="", id=message.id, tool_call_chunks=chunks))
+    if not pieces:
+        pieces.append(AIMessageChunk(content="", id=message.id))
+    if message.usage_metadata is not None:
+        pieces[-1].usage_metadata = message.usage_metadata
+    for piece in pieces:
+        yield ChatGenerationChunk(message=piece)
 
 
 def minimal_value(schema: dict[str, Any], defs: dict[str, Any], text: str, depth: int = 0) -> Any:

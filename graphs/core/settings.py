@@ -20,6 +20,18 @@ CHAINLIT_CI_PLACEHOLDER_KEY = "sk-FAKE-OPENAI-API-KEY"
 
 ModelRole = Literal["chat", "planner", "executor", "researcher", "critic", "memory_writer"]
 
+_MINI, _FULL = (0.0004, 0.0016), (0.002, 0.008)
+DEFAULT_PRICES: dict[ModelRole, tuple[float, float]] = {
+    "chat": _MINI,
+    "planner": _FULL,
+    "executor": _MINI,
+    "researcher": _MINI,
+    "critic": _FULL,
+    "memory_writer": _MINI,
+}
+"""Per 1,000 input / output tokens: the list prices of the default models (gpt-4.1-mini,
+gpt-4.1) per role; an operator with other models sets CAIRN_MODEL_PRICES."""
+
 
 def default_model_cache() -> Path:
     """The user's cache folder (XDG), where derived files such as exported models go."""
@@ -203,6 +215,21 @@ class Settings(BaseSettings):
     research_run_timeout_s: float = Field(default=900.0, gt=0)
     """One research round of the orchestrator; at the limit it keeps the files written so far."""
 
+    # Usage and budgets (graphs/core/usage.py).
+    monthly_token_budget: int = Field(default=0, ge=0)
+    """Model tokens (input + output) one user may use in a calendar month (UTC), counted in
+    Postgres across every worker and the MCP endpoint. 0: no limit."""
+    monthly_cost_budget: float = Field(default=0.0, ge=0.0)
+    """The same in money, at `model_prices`. 0: no limit."""
+    model_prices: dict[ModelRole, tuple[float, float]] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICES)
+    )
+    """Price per 1,000 input and output tokens per role, as JSON (`{"chat": [0.0004, 0.0016]}`);
+    roles not given keep their default (the list prices of the default models)."""
+    run_token_estimate: int = Field(default=4000, ge=0)
+    """Tokens a run is assumed to use before this deployment has measured any of its agent's
+    runs; after that the measured 95th percentile is reserved against the budget."""
+
     @field_validator("openai_api_key", mode="before")
     @classmethod
     def _ignore_placeholder_key(cls, value: object) -> object:
@@ -225,6 +252,16 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("model_prices")
+    @classmethod
+    def _prices_over_defaults(
+        cls, value: dict[ModelRole, tuple[float, float]]
+    ) -> dict[ModelRole, tuple[float, float]]:
+        if any(price < 0 for pair in value.values() for price in pair):
+            msg = "CAIRN_MODEL_PRICES: prices cannot be negative"
+            raise ValueError(msg)
+        return {**DEFAULT_PRICES, **value}
 
     @field_validator("forwarded_allow_ips")
     @classmethod

@@ -6,8 +6,8 @@ import asyncio
 import logging
 import re
 from collections import defaultdict
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deepagents import create_deep_agent
 from deepagents.middleware.filesystem import FilesystemMiddleware
@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.runtime import get_runtime
 
 from graphs.core.context import Context
+from graphs.core.slots import PgSlots
 from graphs.memory.policy import detect_secret, has_injection_marker
 from graphs.research.files import orchestrator_backend, researcher_backend
 from graphs.research.prompts import ORCHESTRATOR_PROMPT, RESEARCHER_PROMPT
@@ -88,8 +89,34 @@ def _refused(why: str) -> dict[str, Any]:
     }
 
 
+class Slots(Protocol):
+    def hold(self, *, user_id: str, thread_id: str) -> AbstractAsyncContextManager[None]:
+        """Until a subagent of this user and thread may run, then while it does."""
+        ...
+
+
+class SharedSubagentSlots:
+    """Caps research subagents running at once, per thread and per user, across every worker
+    (graphs/core/slots.py)."""
+
+    def __init__(self, slots: PgSlots) -> None:
+        self.slots = slots
+
+    def hold(self, *, user_id: str, thread_id: str) -> AbstractAsyncContextManager[None]:
+        return self.slots.hold([f"research:user:{user_id}", f"research:thread:{thread_id}"])
+
+
+def shared_slots(store: Any, limit: int, *, lease_s: float = 3600.0) -> Slots | None:
+    """Slots in Postgres when the graph runs on the app's Postgres store, else None."""
+    pool = getattr(store, "conn", None)
+    if pool is None or not hasattr(pool, "connection"):
+        return None
+    return SharedSubagentSlots(PgSlots(pool, limit=limit, lease_s=lease_s))
+
+
 class SubagentSlots:
-    """Caps research subagents running at once, per thread and per user (one event loop)."""
+    """Caps research subagents running at once, per thread and per user, in this process
+    only (graphs without the app's Postgres: tests, Studio)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -136,7 +163,7 @@ def build_researcher(
     model: BaseChatModel,
     tools: list[BaseTool],
     settings: Settings,
-    slots: SubagentSlots,
+    slots: Slots,
 ) -> CompiledSubAgent:
     """Fresh context, narrow tools (search, fetch, write notes/), budgets and a timeout, in code."""
     middleware: list[Any] = [

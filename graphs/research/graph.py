@@ -25,9 +25,11 @@ from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
 from graphs.research.agents import (
     APPROVED_NOTES,
+    Slots,
     SubagentSlots,
     build_orchestrator,
     build_researcher,
+    shared_slots,
     usage_of,
 )
 from graphs.research.citations import NOTICES, check_report, normalise_text, remove_failing
@@ -48,6 +50,7 @@ from graphs.research.relevance import (
 from graphs.research.state import State, Todo
 from graphs.tools.fetch import Fetcher, make_fetch_tool
 from graphs.tools.fetchlog import FetchLog, FetchRecord
+from graphs.tools.ratelimit import Bucket
 from graphs.tools.search import (
     LocalCorpus,
     SearchProvider,
@@ -127,6 +130,10 @@ class ResearchTools:
 
     search: SearchProvider
     fetcher: Fetcher
+    limiter: Bucket | None = None
+    """The search provider's rate limit (None: this process's bucket for it)."""
+    slots: Slots | None = None
+    """Caps on subagents running at once (None: counted in this process only)."""
 
     @property
     def fetch_log(self) -> FetchLog:
@@ -142,7 +149,12 @@ class ResearchTools:
 
 def default_tools(store: BaseStore | None, settings: Settings) -> ResearchTools:
     shared = web_tools(store, settings)
-    return ResearchTools(search=shared.search, fetcher=shared.fetcher)
+    return ResearchTools(
+        search=shared.search,
+        fetcher=shared.fetcher,
+        limiter=shared.limiter,
+        slots=shared_slots(store, settings.research_max_subagents),
+    )
 
 
 def research_models(settings: Settings) -> Models:
@@ -177,9 +189,9 @@ class ResearchDeps:
     def of(cls, models: Models, tools: ResearchTools, settings: Settings) -> ResearchDeps:
         researcher = build_researcher(
             models.researcher,
-            [make_search_tool(tools.search), make_fetch_tool(tools.fetcher)],
+            [make_search_tool(tools.search, tools.limiter), make_fetch_tool(tools.fetcher)],
             settings,
-            SubagentSlots(settings.research_max_subagents),
+            tools.slots or SubagentSlots(settings.research_max_subagents),
         )
         return cls(
             planner=models.planner.bind_tools([write_todos], tool_choice="write_todos"),

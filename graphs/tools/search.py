@@ -16,7 +16,7 @@ import httpx
 from langchain_core.tools import BaseTool, tool
 
 from graphs.tools.corpus import CorpusIndex
-from graphs.tools.ratelimit import RateLimited, TokenBucket, bucket_for, call_limited
+from graphs.tools.ratelimit import Bucket, RateLimited, bucket_for, call_limited
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore
@@ -323,9 +323,15 @@ def format_results(results: list[SearchResult]) -> str:
     return "\n".join(lines)
 
 
-def make_search_tool(provider: SearchProvider, bucket: TokenBucket | None = None) -> BaseTool:
-    """The `web_search` tool over one provider, rate limited by that provider's shared bucket."""
-    limiter = bucket or bucket_for(provider.name, rate=5.0 if provider.name == "sample" else 1.0)
+def search_rate(provider: SearchProvider) -> float:
+    """Searches per second a provider is sent (the local sample corpus costs nothing)."""
+    return 5.0 if provider.name == "sample" else 1.0
+
+
+def make_search_tool(provider: SearchProvider, bucket: Bucket | None = None) -> BaseTool:
+    """The `web_search` tool over one provider, rate limited by that provider's bucket (shared
+    by every worker when it is the Postgres one)."""
+    limiter = bucket or bucket_for(provider.name, rate=search_rate(provider))
 
     @tool
     async def web_search(query: str, max_results: int = 5) -> str:

@@ -14,11 +14,13 @@ from graphs.core.context import Context
 from graphs.tools.fetch import Fetcher, FetchError, wrap_untrusted
 from graphs.tools.fetchlog import fetch_log_for_store
 from graphs.tools.netguard import BlockedAddress
+from graphs.tools.ratelimit import Bucket, shared_bucket
 from graphs.tools.search import (
     LocalCorpus,
     SearchProvider,
     make_search_tool,
     provider_from_settings,
+    search_rate,
 )
 
 if TYPE_CHECKING:
@@ -31,13 +33,18 @@ if TYPE_CHECKING:
 class WebTools:
     search: SearchProvider
     fetcher: Fetcher
+    limiter: Bucket | None = None
+    """The search provider's rate limit (None: this process's bucket for it)."""
 
 
 def web_tools(store: BaseStore | None, settings: Settings) -> WebTools:
-    """The configured search provider (the local corpus by default) and a logged fetcher."""
+    """The configured search provider (the local corpus by default), its rate limit shared by
+    every worker on the app's Postgres, and a logged fetcher."""
     corpus = LocalCorpus(settings.research_corpus_dir, store=store)
     fetcher = Fetcher(log=fetch_log_for_store(store), openers={"corpus": corpus.open})
-    return WebTools(search=provider_from_settings(settings, corpus), fetcher=fetcher)
+    search = provider_from_settings(settings, corpus)
+    limiter = shared_bucket(store, f"search:{search.name}", rate=search_rate(search))
+    return WebTools(search=search, fetcher=fetcher, limiter=limiter)
 
 
 def step_tool_set(tools: WebTools) -> list[BaseTool]:
@@ -66,4 +73,4 @@ def step_tool_set(tools: WebTools) -> list[BaseTool]:
             return f"Error: could not fetch {url}: {exc}."
         return wrap_untrusted(record)
 
-    return [make_search_tool(tools.search), fetch_url]
+    return [make_search_tool(tools.search, tools.limiter), fetch_url]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from langgraph.types import Interrupt, StateSnapshot
 
     from graphs.core.context import Context
+    from graphs.core.usage import RunUsage
     from ui.runner import AgentSpec, InterruptKind, LoadState, Status, View
 
 REPLY_PINS = {
@@ -197,6 +198,13 @@ async def refuse(text: str) -> None:
     await error.send()
 
 
+async def show_usage(usage: RunUsage) -> None:
+    """A run's tokens and estimated cost below its reply: a closed step, out of the way."""
+    step = cl.Step(name="Usage", type="tool", default_open=False, show_input=False)
+    step.output = usage.summary()
+    await step.send()
+
+
 async def ask_text(question: str, seconds: int) -> str | None:
     """The user's typed answer to a question (an Edit), or None when none came in time."""
     answer = await cl.AskUserMessage(content=question, author="Cairn", timeout=seconds).send()
@@ -226,6 +234,10 @@ class ChatSurface:
 
     async def refuse(self, text: str) -> None:
         await refuse(text)
+
+    async def usage(self, usage: RunUsage) -> None:
+        if usage.model_calls:
+            await show_usage(usage)
 
     async def failed(self, text: str, *, thread_id: str, message_id: str | None = None) -> None:
         await retry_message(text, thread_id=thread_id, message_id=message_id).send()
