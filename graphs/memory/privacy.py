@@ -479,3 +479,8 @@ async def _delete_time_travel(conn: Any, thread_ids: list[str]) -> None:
         "DELETE FROM cairn_message_checkpoints WHERE thread_id = ANY(%s)", (thread_ids,)
     )
     await conn.execute("DELETE FROM cairn_support_audit WHERE thread_id = ANY(%s)", (thread_ids,))
+    # Usage rows are the month's budget (counts only) and stay; which conversation they were
+    # spent in goes with the conversation.
+    await conn.execute(
+        "UPDATE cairn_usage SET thread_id = '' WHERE thread_id = ANY(%s)", (thread_ids,)
+    )

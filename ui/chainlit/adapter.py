@@ -139,7 +139,11 @@ def _drop_path_filter() -> None:
     each one the browser aborts (a logo fetch under a redirect) into "No response returned"."""
     from chainlit.server import app as chainlit_app
 
-    kept = [m for m in chainlit_app.user_middleware if m.cls.__name__ != "ChainlitMiddleware"]
+    kept = [
+        m
+        for m in chainlit_app.user_middleware
+        if getattr(m.cls, "__name__", "") != "ChainlitMiddleware"
+    ]
     if len(kept) != len(chainlit_app.user_middleware) - 1:
         msg = "mount_chainlit's middleware changed: review ui/chainlit/adapter.py"
         raise RuntimeError(msg)
