@@ -10,11 +10,11 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
-from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -193,7 +193,7 @@ class _OAuthError(Exception):
 _PAGE_CSS = """
 body{margin:0;min-height:100vh;display:grid;place-items:center;background:#f5f5f4;
 font:16px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1c1917}
-main{width:min(22rem,calc(100vw - 2rem));padding:2rem;background:#fff;border-radius:12px;
+main{box-sizing:border-box;width:min(26rem,calc(100vw - 1.5rem));padding:clamp(1.25rem,5vw,2rem);background:#fff;border-radius:12px;
 box-shadow:0 1px 3px rgb(0 0 0 / .12)}
 h1{margin:0 0 1.25rem;font-size:1.35rem}
 label{display:block;margin:.75rem 0 .25rem;font-weight:600}
@@ -206,6 +206,8 @@ cursor:pointer;background:#fff;color:#1c1917}
 button[value=signin]{background:#1c1917;color:#fff}
 .error{margin:0 0 1rem;padding:.6rem .8rem;border-radius:8px;background:#fee2e2;color:#7f1d1d}
 .hint{margin:1rem 0 0;font-size:.875rem;color:#57534e}
+.intro{margin:0 0 1rem}ul.agents{margin:0 0 1.25rem;padding-left:1.1rem}
+ul.agents li{margin:.35rem 0}form.provider{margin:.5rem 0 0;display:flex}
 @media (prefers-color-scheme:dark){body{background:#1c1917;color:#f5f5f4}
 main{background:#292524}button{background:#292524;color:#f5f5f4;border-color:#d6d3d1}
 button[value=signin]{background:#f5f5f4;color:#1c1917}.hint{color:#d6d3d1}
@@ -213,7 +215,7 @@ input{background:#1c1917;color:#f5f5f4}}
 """
 _STYLE_HASH = base64.b64encode(hashlib.sha256(_PAGE_CSS.encode()).digest()).decode()
 # No scripts at all, only the one inline stylesheet above, and never inside a frame.
-_PAGE_HEADERS = {
+PAGE_HEADERS = {
     "Cache-Control": "no-store",
     "Content-Security-Policy": (
         f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; "
@@ -221,6 +223,8 @@ _PAGE_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
+    # Not no-referrer: with it Chromium sends `Origin: null` on the form's POST, which the
+    # origin check (ui/origin_guard.py) refuses. Other sites still get no referrer.
     "Referrer-Policy": "same-origin",
 }
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
@@ -277,6 +281,33 @@ def render_login_page(
         f"{signup}\n</div>\n{hint}\n</form>"
     )
     return _page("Sign in to Cairn", body)
+
+
+def render_entry_page(
+    providers: Sequence[tuple[str, str]],
+    *,
+    agents: Sequence[tuple[str, str]],
+    error: str | None = None,
+) -> str:
+    """The app's sign-in entry: what Cairn is, then one button per sign-in provider (id, name)."""
+    esc = html.escape
+    alert = f'<p class="error" role="alert">{esc(error)}</p>\n' if error else ""
+    listed = "\n".join(
+        f"<li><strong>{esc(name)}</strong>: {esc(text)}</li>" for name, text in agents
+    )
+    buttons = "\n".join(
+        f'<form class="provider" method="get" action="/auth/oauth/{quote(pid, safe="")}">'
+        f'<button type="submit" value="signin">Continue with {esc(name)}</button></form>'
+        for pid, name in providers
+    )
+    if not providers:
+        buttons = '<p class="error" role="alert">No sign-in is configured on this server.</p>'
+    body = (
+        f"<h1>Welcome to Cairn</h1>\n{alert}"
+        '<p class="intro">Three agents, one workspace. Your conversations are yours alone.</p>\n'
+        f'<ul class="agents">\n{listed}\n</ul>\n{buttons}'
+    )
+    return _page("Sign in - Cairn", body)
 
 
 def render_error_page(reason: str) -> str:
@@ -386,12 +417,12 @@ class _Provider:
         self, request: Request, params: Annotated[AuthorizeRequest, Query()]
     ) -> HTMLResponse:
         if problem := self._request_problem(params):
-            return HTMLResponse(render_error_page(problem), 400, headers=_PAGE_HEADERS)
+            return HTMLResponse(render_error_page(problem), 400, headers=PAGE_HEADERS)
         return self._login_page(request, params, status=200)
 
     async def submit_login(self, request: Request, form: Annotated[LoginForm, Form()]) -> Response:
         if problem := self._request_problem(form):
-            return HTMLResponse(render_error_page(problem), 400, headers=_PAGE_HEADERS)
+            return HTMLResponse(render_error_page(problem), 400, headers=PAGE_HEADERS)
         try:
             self._check_csrf(request, form)
             account = await self._authenticate(form, _client_ip(request))
@@ -464,7 +495,7 @@ class _Provider:
             username=username,
             error=error.message if error else None,
         )
-        headers = dict(_PAGE_HEADERS)
+        headers = dict(PAGE_HEADERS)
         if error and error.retry_after:
             headers["Retry-After"] = str(error.retry_after)
         response = HTMLResponse(page, status, headers=headers)

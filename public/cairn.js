@@ -1,5 +1,5 @@
 // Cairn additions to Chainlit's UI: "Delete conversation" in an open conversation's header,
-// with the choice to also forget what was learned from it.
+// with the choice to also forget what was learned from it; Cairn's own sign-in entry.
 "use strict";
 
 (function () {
@@ -23,7 +23,14 @@
     button.id = BUTTON_ID;
     button.type = "button";
     button.className = "cairn-header-button";
-    button.textContent = "Delete conversation";
+    button.title = "Delete conversation";
+    const icon = document.createElement("span");
+    icon.className = "cairn-icon cairn-icon-trash";
+    icon.setAttribute("aria-hidden", "true");
+    const label = document.createElement("span");
+    label.className = "cairn-label";
+    label.textContent = "Delete conversation";
+    button.append(icon, label);
     button.addEventListener("click", openDialog);
     const right = header.lastElementChild || header;
     right.prepend(button);
@@ -84,6 +91,25 @@
     document.body.append(dialog);
     dialog.showModal();
   }
+
+  // Chainlit's UI moves a signed-out user to /login within the page; the server's /login is
+  // Cairn's own sign-in entry (ui/chainlit/sign_in.py), so that address is loaded for real. A UI
+  // that was itself served at /login (no such route in front of it) is left alone.
+  const servedAt = window.location.pathname;
+  function leaveChainlitLogin() {
+    if (window.location.pathname === "/login" && servedAt !== "/login") {
+      window.location.replace("/login" + window.location.search);
+    }
+  }
+  for (const name of ["pushState", "replaceState"]) {
+    const original = window.history[name];
+    window.history[name] = function (...args) {
+      const result = original.apply(this, args);
+      leaveChainlitLogin();
+      return result;
+    };
+  }
+  window.addEventListener("popstate", leaveChainlitLogin);
 
   window.setInterval(ensureButton, 500);
 })();

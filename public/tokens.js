@@ -125,4 +125,16 @@ $("create-form").addEventListener("submit", async (event) => {
   }
 });
 
+$("copy-token").addEventListener("click", async () => {
+  const value = $("new-token-value").textContent;
+  try {
+    await navigator.clipboard.writeText(value);
+    say("Token copied.");
+  } catch (error) {
+    // Clipboard refused (no permission, plain http): select it for a manual copy instead.
+    window.getSelection().selectAllChildren($("new-token-value"));
+    say("Select and copy the token by hand: the browser refused the clipboard.", true);
+  }
+});
+
 load().catch((error) => say(error.message, true));

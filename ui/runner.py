@@ -132,6 +132,16 @@ async def _decision(decision: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class Starter:
+    """A suggested first message, offered on an empty chat of its agent."""
+
+    label: str
+    """A few words on the button."""
+    message: str
+    """What is sent when it is chosen."""
+
+
+@dataclass(frozen=True)
 class McpTool:
     """How an agent is offered as an MCP tool (ui/mcp_server.py); its scope on access tokens
     is the agent's key, labelled with its profile name."""
@@ -165,6 +175,7 @@ class AgentSpec:
     profile: str
     """Chainlit chat profile name shown to users."""
     description: str
+    """What the agent does, in a sentence: on the profile list and the empty chat's welcome."""
     build: Callable[..., Any]
     """build_graph(*, checkpointer, store, model=None)."""
     inputs: Callable[[str, str], dict[str, Any]]
@@ -195,6 +206,8 @@ class AgentSpec:
     """The agent as an MCP tool (and a scope on access tokens); None: chat only."""
     routes: Callable[[Settings], APIRouter] | None = None
     """Extra HTTP routes the agent's pages need, mounted at start-up."""
+    starters: tuple[Starter, ...] = ()
+    """Suggested first messages, shown on the empty chat (two or three that work offline)."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None

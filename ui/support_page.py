@@ -71,6 +71,7 @@ def _page(title: str, body: str) -> HTMLResponse:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{_e(title)} · Cairn support</title>"
+        "<script src='/public/theme.js'></script>"
         "<link rel='stylesheet' href='/public/memory.css'>"
         "<script src='/public/support.js' defer></script></head><body>"
         "<header class='bar'><a class='back' href='/support'>Support</a>"

@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     checkpoint_prune_cron: str = "41 * * * *"
     """When the pruning job runs (cron; a 6th field is seconds)."""
 
+    show_run_metrics: bool = False
+    """Show a Research report's run metrics (citation precision, tokens, wall time) in the chat:
+    for operators trying the app; users do not see them by default (evals print them too)."""
+
     # Planner.
     planner_step_budget: int = Field(default=6, ge=1, le=30)
     """Plan steps a Planner run may execute before it stops with an honest partial answer."""

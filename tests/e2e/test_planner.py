@@ -87,6 +87,11 @@ def test_plan_edit_approve_progress_and_an_answer_with_table_and_chart(app_serve
     expect(page.get_by_text(f"Step 2: {EDITED_STEPS[1]}").last).to_be_visible()
     expect(page.locator("aside.tasklist")).to_contain_text("Done", timeout=30_000)
     expect(page.locator("aside.tasklist")).to_contain_text(EDITED_STEPS[1])
+    # Each step counts itself the way the task list does: the second one is "2 of 6".
+    page.get_by_text(f"Step 2: {EDITED_STEPS[1]}").last.click()
+    expect(
+        page.get_by_text(re.compile(r"^\d+ row\(s\) returned · 2 of 6 steps used"))
+    ).to_be_visible()
 
     # The answer: a rendered table with every region, and a chart of it.
     answer = page.get_by_text("Here is what the plan found").last

@@ -7,7 +7,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 
 from graphs.assistant.graph import build_graph
-from ui.runner import AgentSpec, InterruptKind, McpTool
+from ui.runner import AgentSpec, InterruptKind, McpTool, Starter
 
 
 def _inputs(text: str, message_id: str) -> dict[str, Any]:
@@ -31,6 +31,13 @@ SPEC = AgentSpec(
     memory_jobs=True,
     memory_prefetch=True,
     order=0,
+    starters=(
+        Starter(
+            label="Remember my preferences", message="I prefer short answers, and I work in Berlin."
+        ),
+        Starter(label="What do you know about me?", message="What do you remember about me?"),
+        Starter(label="Plan my week", message="Help me plan a focused work week."),
+    ),
     mcp=McpTool(
         name="ask_assistant",
         title="Ask the Assistant",

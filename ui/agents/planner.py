@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphs.core.settings import get_settings
 from graphs.planner.graph import build_graph
-from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool, Starter
 
 if TYPE_CHECKING:
     from ui.runner import Ask
@@ -108,6 +108,14 @@ SPEC = AgentSpec(
     recursion_notice=RECURSION_BACKSTOP,
     reply_text=lambda values: str(values.get("response") or "") or None,
     order=20,
+    # Questions the bundled demo dataset answers (churn, subscriptions, customers, revenue).
+    starters=(
+        Starter(
+            label="Churn by region", message="Which region had the highest churn last quarter?"
+        ),
+        Starter(label="Why customers left", message="Why did customers churn last quarter?"),
+        Starter(label="Revenue by region", message="What was revenue by region last quarter?"),
+    ),
     mcp=McpTool(
         name="run_planner",
         title="Plan and run an analysis",

@@ -15,7 +15,7 @@ from graphs.research.citations import CITATION, claim_lines
 from graphs.research.graph import MAX_TODOS, PlanDecision, build_graph
 from graphs.tools.search import LocalCorpus
 from ui.output_guard import sanitise_report
-from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool
+from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool, Starter
 
 if TYPE_CHECKING:
     from graphs.core.settings import Settings
@@ -155,6 +155,15 @@ SPEC = AgentSpec(
     recursion_limit=lambda: RECURSION_LIMIT,
     reply_text=lambda values: str(values.get("report") or "") or None,
     order=10,
+    # The bundled sample corpus covers honeybees and seed banks only (README, Research).
+    starters=(
+        Starter(label="The waggle dance", message="How do honeybees use the waggle dance?"),
+        Starter(label="Colony collapse", message="What causes honeybee colony collapse disorder?"),
+        Starter(
+            label="The Svalbard seed vault",
+            message="How is the Svalbard Global Seed Vault kept cold?",
+        ),
+    ),
     mcp=McpTool(
         name="research",
         title="Research a question",

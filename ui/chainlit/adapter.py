@@ -12,7 +12,7 @@ from fastapi import HTTPException
 
 from graphs.core.runlock import ThreadBusy
 from ui.agents import AGENTS
-from ui.chainlit import config, hooks, patches
+from ui.chainlit import config, hooks, patches, sign_in
 from ui.chainlit.agents import discover
 from ui.chainlit.chat import ChatHandlers
 from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
@@ -128,6 +128,7 @@ def mount(
         ChatHandlers(runtime, AGENTS, presentations),
         data_layer=lambda: PostgresDataLayer(pool, on_delete=delete_thread_data),
     )
+    app.include_router(sign_in.build_router(AGENTS))
     mount_chainlit(app, target=str(Path(hooks.__file__).resolve()), path=CHAINLIT_PATH)
     _drop_path_filter()
     return ChainlitChat(pool, presentations)

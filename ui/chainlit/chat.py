@@ -20,6 +20,7 @@ from graphs.core.errors import is_database_outage
 from graphs.core.fence import WriteRefused, adopt
 from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
+from ui.chainlit import welcome
 from ui.chainlit.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.chainlit.data_layer import stored_user_message, unanswered_message
 from ui.chainlit.identity import session_user_id
@@ -160,12 +161,13 @@ class ChatHandlers:
         self.presentations = presentations
 
     async def chat_profiles(self, user: cl.User | None = None) -> list[cl.ChatProfile]:
-        return [
-            cl.ChatProfile(
-                name=agent.profile, markdown_description=agent.description, default=i == 0
-            )
-            for i, agent in enumerate(self.agents)
-        ]
+        return welcome.chat_profiles(self.agents)
+
+    async def starters(
+        self, user: cl.User | None = None, language: str | None = None
+    ) -> list[cl.Starter]:
+        """The default agent's, for a chat without a chosen profile (each profile has its own)."""
+        return welcome.starters(self.agents[0]) if self.agents else []
 
     @chat_handler
     async def start_chat(self) -> None:
@@ -173,7 +175,8 @@ class ChatHandlers:
         await self._session_user_id()
         await _chat_settings(temporary=False)
         if notice := offline_notice(runtime.settings):
-            await cl.Message(content=notice, author="Cairn").send()
+            # A system message leaves the chat "empty" for Chainlit: the welcome and starters stay.
+            await cl.Message(content=notice, author="Cairn", type="system_message").send()
 
     @chat_handler
     async def update_settings(self, values: dict[str, Any]) -> None:

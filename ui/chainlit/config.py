@@ -46,6 +46,9 @@ def configure(
     project.allow_origins = list(origins)
     project.user_session_timeout = settings.session_hours * 3600
     chainlit_config.features.unsafe_allow_html = False  # raw HTML in Markdown stays off
+    # The system's light or dark until the user picks one (Chainlit's UI knows "system"; its
+    # config type lists only the two). Cairn's own pages follow the same (public/theme.js).
+    chainlit_config.ui.default_theme = "system"  # type: ignore[assignment]
     upload = chainlit_config.features.spontaneous_file_upload
     if upload is not None:
         upload.accept = list(settings.upload_mime_types)

@@ -138,9 +138,14 @@ class PlannerView:
         return reply.content
 
 
+def steps_used(steps_taken: int, budget: int) -> str:
+    """The one way a step count is put, in each step and in the task list's final line."""
+    return f"{steps_taken} of {budget} steps used"
+
+
 def stop_status(outcome: str, steps_taken: int, budget: int) -> str:
     """The task list's final line: how the run ended and why."""
-    used = f"{steps_taken} of {budget} steps used"
+    used = steps_used(steps_taken, budget)
     if outcome == "answered":
         return f"Done · {used}"
     if outcome == "partial":
@@ -224,6 +229,9 @@ async def _stream_token(
 
 async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgress) -> str:
     """One node's state delta in the chat; returns the answer when the update carries it."""
+    if "steps_taken" in update:
+        # First: the step an execute_step update shows counts itself.
+        progress.steps_taken = int(update["steps_taken"] or 0)
     if node == "start_goal":
         progress.done, progress.remaining, progress.running = [], [], False
     elif node == "plan" and update.get("plan"):
@@ -238,8 +246,6 @@ async def _apply_update(node: str, update: dict[str, Any], progress: PlanProgres
         progress.remaining = list(update["plan"])
         progress.running = not update.get("needs_review")
         await progress.show(status="Running")
-    if "steps_taken" in update:
-        progress.steps_taken = int(update["steps_taken"] or 0)
     if update.get("response"):
         progress.running = False
         status = stop_status(str(update.get("outcome")), progress.steps_taken, _budget())
@@ -255,8 +261,8 @@ async def show_step(record: Any, progress: PlanProgress) -> None:
     ok = not step_failed(result)
     name = f"Step {index}: {step}" if ok else f"Step {index} failed: {step}"
     rows = sum(len(t.rows) for t in markdown_tables(result))
-    budget = f"step {progress.steps_taken or index} of {_budget()} in the budget"
-    summary = f"{rows} row(s) returned · {budget}" if rows else budget.capitalize()
+    budget = steps_used(progress.steps_taken or index, _budget())
+    summary = f"{rows} row(s) returned · {budget}" if rows else budget
     async with cl.Step(name=name, type="tool") as shown:
         shown.output = f"{summary}\n\n{result}"
         shown.is_error = not ok

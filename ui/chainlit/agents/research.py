@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 import chainlit as cl
 from langchain_core.messages import AIMessage, ToolMessage
 
+from graphs.core.settings import get_settings
 from graphs.research.agents import refusal_reason, task_refusal
 from graphs.research.files import NOTES_DIR
 from graphs.research.graph import slug
@@ -250,7 +251,7 @@ async def deliver(values: dict[str, Any]) -> cl.Message:
     cited = cited_urls(report)
     # The user's copies (inline, .md, .pdf) are the sanitised text; cited pages keep their links.
     report = sanitise_report(report, cited)
-    if metrics := values.get("metrics"):
+    if (metrics := values.get("metrics")) and get_settings().show_run_metrics:
         step = cl.Step(name="Run metrics", type="run", default_open=False)
         step.output = "\n".join(f"- {k}: {v}" for k, v in metrics.items())
         await step.send()
