@@ -30,6 +30,11 @@ class ChatPort(Protocol):
         sidebar, opening in the agent's profile, with the message in it."""
         ...
 
+    async def store_edit(self, thread_id: str, message_id: str, text: str) -> None:
+        """The stored conversation as an edit of the user's message leaves it: the new text,
+        nothing after it (idempotent: a resumed edit's run does it again)."""
+        ...
+
     async def end_sessions(self, user_id: str) -> int:
         """Close this worker's live chat connections of the user; how many there were."""
         ...

@@ -541,6 +541,12 @@ CREATE TABLE IF NOT EXISTS cairn_auth_attempts (
 CREATE INDEX IF NOT EXISTS cairn_auth_attempts_window ON cairn_auth_attempts (window_start);
 """
 
+# An edit's run (graphs/core/runs.py EditedMessage): the fork a live worker carries out when the
+# worker that accepted the edit dies before the fork is written.
+RUN_EDITS_SQL = """
+ALTER TABLE cairn_runs ADD COLUMN IF NOT EXISTS edit jsonb;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -559,6 +565,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0104_checkpoint_prune", CHECKPOINT_PRUNE_SQL),
     Migration("0105_worker_leases", WORKER_LEASES_SQL),
     Migration("0106_sign_out", SIGN_OUT_SQL),
+    Migration("0107_run_edits", RUN_EDITS_SQL),
 )
 
 

@@ -15,7 +15,12 @@ from ui.agents import AGENTS
 from ui.chainlit import config, hooks, patches
 from ui.chainlit.agents import discover
 from ui.chainlit.chat import ChatHandlers
-from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
+from ui.chainlit.data_layer import (
+    PostgresDataLayer,
+    add_outside_turn,
+    append_message,
+    store_edit,
+)
 from ui.chainlit.identity import clear_session_cookie
 from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
 from ui.chainlit.patches.sessions import (
@@ -74,6 +79,9 @@ class ChainlitChat:
         await add_outside_turn(
             self.pool, thread_id=thread_id, user_id=user_id, profile=profile, text=text
         )
+
+    async def store_edit(self, thread_id: str, message_id: str, text: str) -> None:
+        await store_edit(self.pool, thread_id, message_id, text)
 
     async def end_sessions(self, user_id: str) -> int:
         return await disconnect_user_sockets(user_id)
