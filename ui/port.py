@@ -44,6 +44,11 @@ class ChatPort(Protocol):
         auth.sessions.session_key of its token); how many there were."""
         ...
 
+    async def reconnect_elsewhere(self) -> int:
+        """Close every live chat connection on this worker as a lost connection (the browser
+        reconnects on its own, to a live worker); how many there were."""
+        ...
+
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         """The user's open chat of that conversation on this worker, as the surface a resumed
         run streams into; None when they have none open here."""

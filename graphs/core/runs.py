@@ -98,6 +98,12 @@ _BEAT = (
     "WHERE thread_id = ANY(%(threads)s) AND status = 'running'"
 )
 
+_HAND_OVER = (
+    "WITH lease AS (DELETE FROM cairn_workers WHERE worker_id = %(worker)s) "
+    "UPDATE cairn_runs SET heartbeat_at = '-infinity' "
+    "WHERE thread_id = ANY(%(threads)s) AND worker_id = %(worker)s AND status = 'running'"
+)
+
 _STALE = "now() - make_interval(secs => %(stale)s)"
 _RECENT_START = f"pg_postmaster_start_time() < {_STALE}"
 """Postgres has been up longer than the stale period: every live worker could beat since."""
@@ -180,6 +186,16 @@ class RunJournal:
         statement, so a worker's lease and its runs' heartbeats never disagree."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(_BEAT, {"worker": self.worker, "threads": list(self._running)})
+            return cur.rowcount
+
+    async def hand_over(self) -> int:
+        """This worker is stopping (its run locks already released): the runs it executes look
+        stranded at once, so a live worker's next sweep resumes them instead of waiting out
+        STALE_S, and its lease goes. How many runs were handed over."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _HAND_OVER, {"worker": self.worker, "threads": list(self._running)}
+            )
             return cur.rowcount
 
     async def take_stranded(self, *, stale_s: float = STALE_S) -> list[StrandedRun]:

@@ -24,6 +24,7 @@ from ui.chainlit.data_layer import (
 from ui.chainlit.identity import clear_session_cookie
 from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
 from ui.chainlit.patches.sessions import (
+    close_all_transports,
     disconnect_session_sockets,
     disconnect_user_sockets,
     enter_live_session,
@@ -88,6 +89,9 @@ class ChainlitChat:
 
     async def end_session(self, key: bytes) -> int:
         return await disconnect_session_sockets(key)
+
+    async def reconnect_elsewhere(self) -> int:
+        return await close_all_transports()
 
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         if not enter_live_session(thread_id=thread_id, user_id=user_id):
