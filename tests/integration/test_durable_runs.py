@@ -1006,3 +1006,21 @@ async def test_an_edit_whose_run_was_overtaken_is_refused_and_changes_nothing(da
     assert await chat_rows(pool, thread_id) == after
     assert await run_row(pool, thread_id) is None
     await close()
+
+
+async def test_a_stopping_worker_hands_its_runs_over_at_once(database_url):
+    """A worker stopped gracefully (SIGTERM: runtime.stop) makes its unfinished runs stranded
+    at once, so a live worker's next sweep resumes them; only a killed worker's runs wait out
+    the stale period."""
+    runner, close = await make_runner(database_url, worker="stopping", agent="assistant")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    stopping, live = RunJournal(pool, worker="stopping"), RunJournal(pool, worker="live")
+    thread_id = "durable-hand-over"
+    await stopping.started(thread_id=thread_id, user_id="alice", agent="assistant")
+    await stopping.beat()
+    assert await live.take_stranded() == [], "a beating worker's run stays its own"
+    assert await stopping.hand_over() == 1
+    [taken] = await live.take_stranded()
+    assert taken.thread_id == thread_id
+    await live.forget(thread_id)
+    await close()
