@@ -1018,9 +1018,10 @@ async def test_a_stopping_worker_hands_its_runs_over_at_once(database_url):
     thread_id = "durable-hand-over"
     await stopping.started(thread_id=thread_id, user_id="alice", agent="assistant")
     await stopping.beat()
-    assert await live.take_stranded() == [], "a beating worker's run stays its own"
+    # Postgres may have started moments ago: a sweep waits out `stale_s` after that too.
+    assert await live.take_stranded(stale_s=1.0) == [], "a beating worker's run stays its own"
     assert await stopping.hand_over() == 1
-    [taken] = await live.take_stranded()
+    [taken] = await live.take_stranded(stale_s=1.0)
     assert taken.thread_id == thread_id
     await live.forget(thread_id)
     await close()
