@@ -100,7 +100,7 @@ _BEAT = (
 
 _HAND_OVER = (
     "WITH lease AS (DELETE FROM cairn_workers WHERE worker_id = %(worker)s) "
-    "UPDATE cairn_runs SET heartbeat_at = '-infinity' "
+    "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 day' "
     "WHERE thread_id = ANY(%(threads)s) AND worker_id = %(worker)s AND status = 'running'"
 )
 

@@ -1021,7 +1021,11 @@ async def test_a_stopping_worker_hands_its_runs_over_at_once(database_url):
     # Postgres may have started moments ago: a sweep waits out `stale_s` after that too.
     assert await live.take_stranded(stale_s=1.0) == [], "a beating worker's run stays its own"
     assert await stopping.hand_over() == 1
-    [taken] = await live.take_stranded(stale_s=1.0)
-    assert taken.thread_id == thread_id
+    taken = []
+    async with asyncio.timeout(5):  # at most until Postgres has been up for `stale_s`
+        while not taken:
+            taken = await live.take_stranded(stale_s=1.0)
+    [taken_run] = taken
+    assert taken_run.thread_id == thread_id
     await live.forget(thread_id)
     await close()
