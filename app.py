@@ -4,7 +4,9 @@ Chainlit (ui/chainlit/). Serve it with `python -m app` (uvicorn on uvloop)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,7 @@ from ui.agents import AGENTS
 from ui.chainlit import adapter
 from ui.chainlit.config import ui_policy
 from ui.chainlit.identity import SessionCookieFlags, clear_session_cookie, session_token
+from ui.drain import DrainGuard
 from ui.health import build_router as build_health_router
 from ui.limits import UploadSizeLimit
 from ui.mcp_server import McpEndpoint
@@ -32,6 +35,9 @@ from ui.tokens_page import build_router as build_tokens_router
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from types import FrameType
+
+    import uvicorn
 
     from auth.tokens import AccessTokens
     from ui.runtime import AppRuntime
@@ -151,6 +157,7 @@ def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None
     app.add_middleware(adapter.RequestGuard)
     app.add_middleware(OriginGuard, origins=origins)
     app.add_middleware(SessionCookieFlags, secure=state.public_url.startswith("https://"))
+    app.add_middleware(DrainGuard, draining=lambda: state.draining)
     app.add_middleware(
         SecurityHeaders, policy=ui_policy(state.public_url, settings.image_allowed_origins)
     )
@@ -170,6 +177,30 @@ def _tokens(state: AppRuntime) -> AccessTokens:
     return tokens
 
 
+def draining_server(config: uvicorn.Config, state: AppRuntime) -> uvicorn.Server:
+    """uvicorn's server, whose first SIGTERM (or Ctrl-C) drains the worker (runtime.drain)
+    before the usual graceful shutdown; a second one stops at once as uvicorn does."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        drain: asyncio.Task[None] | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.drain is not None or sig not in (signal.SIGTERM, signal.SIGINT):
+                super().handle_exit(sig, frame)
+                return
+            # A signal handler: the drain starts from the loop, not from inside it.
+            asyncio.get_running_loop().call_soon_threadsafe(self._start_drain, sig, frame)
+
+        def _start_drain(self, sig: int, frame: FrameType | None) -> None:
+            if self.drain is not None:
+                return
+            self.drain = asyncio.ensure_future(runtime.drain(state))
+            self.drain.add_done_callback(lambda _done: uvicorn.Server.handle_exit(self, sig, frame))
+
+    return DrainingServer(config)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve one worker with uvicorn on uvloop (`make run`)."""
     import uvicorn
@@ -181,8 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     settings = get_settings().model_copy(update=overrides) if overrides else get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -191,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level="info",
         timeout_graceful_shutdown=10,
     )
+    draining_server(config, app.state.runtime).run()
 
 
 if __name__ == "__main__":

@@ -38,11 +38,17 @@ class Serving(Protocol):
     @property
     def memory_jobs(self) -> Jobs | None: ...
 
+    @property
+    def draining(self) -> bool: ...
+
 
 async def failing_checks(runtime: Serving | None) -> list[str]:
-    """The names of the checks that fail: 'starting', 'database', 'jobs'; empty when ready."""
+    """The names of the checks that fail: 'starting', 'draining', 'database', 'jobs'; empty
+    when ready. A stopping worker is not ready at once, before anything else is asked."""
     if runtime is None or not runtime.started:
         return ["starting"]
+    if runtime.draining:
+        return ["draining"]
     failing = []
     if not await database_answers(runtime.pool):
         failing.append("database")

@@ -30,6 +30,11 @@ class ChatPort(Protocol):
         sidebar, opening in the agent's profile, with the message in it."""
         ...
 
+    async def store_edit(self, thread_id: str, message_id: str, text: str) -> None:
+        """The stored conversation as an edit of the user's message leaves it: the new text,
+        nothing after it (idempotent: a resumed edit's run does it again)."""
+        ...
+
     async def end_sessions(self, user_id: str) -> int:
         """Close this worker's live chat connections of the user; how many there were."""
         ...
@@ -37,6 +42,11 @@ class ChatPort(Protocol):
     async def end_session(self, key: bytes) -> int:
         """Close this worker's live chat connections of one signed-out session (by
         auth.sessions.session_key of its token); how many there were."""
+        ...
+
+    async def reconnect_elsewhere(self) -> int:
+        """Close every live chat connection on this worker as a lost connection (the browser
+        reconnects on its own, to a live worker); how many there were."""
         ...
 
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:

@@ -11,6 +11,8 @@ from graphs.core import fence
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from graphs.core.runs import StrandedRun
     from ui.port import ChatPort
     from ui.runner import Runner, RunOutcome
@@ -43,13 +45,27 @@ async def resume(runner: Runner, chat: ChatPort, run: StrandedRun) -> RunOutcome
     Authorised from now (graphs.core.fence): if the user's data is wiped meanwhile, the rest
     of the run and the reply written for it are refused."""
     fence.adopt(fence.Fence.now(run.user_id))
+    on_fork = _store_edit(chat, run)
     live = chat.live_surface(thread_id=run.thread_id, user_id=run.user_id)
     if live is not None:
-        return await runner.resume_stranded(run, live)
-    outcome = await runner.resume_stranded(run, StoredSurface(chat, run.thread_id))
+        return await runner.resume_stranded(run, live, on_fork=on_fork)
+    stored = StoredSurface(chat, run.thread_id)
+    outcome = await runner.resume_stranded(run, stored, on_fork=on_fork)
     if outcome.reply:
         await chat.append_reply(run.thread_id, outcome.reply, once=True)
     return outcome
+
+
+def _store_edit(chat: ChatPort, run: StrandedRun) -> Callable[[], Awaitable[None]] | None:
+    """An edit's side of the conversation, done again before its fork runs again."""
+    edit = run.edit
+    if edit is None:
+        return None
+
+    async def store() -> None:
+        await chat.store_edit(run.thread_id, edit.message_id, edit.text)
+
+    return store
 
 
 async def recover_once(runner: Runner, chat: ChatPort) -> list[RunOutcome]:

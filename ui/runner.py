@@ -26,7 +26,14 @@ from graphs.core import fence, metrics
 from graphs.core.context import Context
 from graphs.core.errors import is_database_outage
 from graphs.core.runlock import ThreadBusy
-from graphs.core.runs import DURABILITY, MAX_ATTEMPTS, STALE_S, RunJournal, StrandedRun
+from graphs.core.runs import (
+    DURABILITY,
+    MAX_ATTEMPTS,
+    STALE_S,
+    EditedMessage,
+    RunJournal,
+    StrandedRun,
+)
 from graphs.core.timetravel import (
     checkpoint_id,
     latest_checkpoint_id,
@@ -514,35 +521,68 @@ class Runner:
     ) -> RunOutcome:
         """An earlier message of the user's, edited and sent again: the thread forks from the
         checkpoint that message was sent on, so the model never sees what followed it (the old
-        branch stays in the thread's history). `on_fork` runs under the lock just before."""
+        branch stays in the thread's history).
+
+        One durable unit: under the run lock the edit is recorded with the run (the fork and
+        the new text) before `on_fork` changes the conversation, so a worker dying at any point
+        leaves either the old branch exactly or a run a live worker finishes (resume_stranded).
+        """
         checked = await self._owned(surface, user_id, thread_id)
         if isinstance(checked, RunOutcome):
             return checked
         spec, owned = checked
+        graph = self.graphs[spec.key]
         found, point = (
             await self.fork_points.point(thread_id, message_id)
             if self.fork_points is not None
             else (False, None)
         )
         if not found:  # sent before fork points were recorded: look for it in the state
-            found, point = await message_fork_point(self.graphs[spec.key], thread_id, message_id)
-        if not found:
+            found, point = await message_fork_point(graph, thread_id, message_id)
+        head = await latest_checkpoint_id(graph, thread_id)
+        checkpoint = point or await root_checkpoint_id(graph, thread_id)
+        if not found or (checkpoint is None and head is not None):
             log.warning("refused: user %s edited unknown message %s", user_id, message_id[:64])
             await surface.refuse(NOT_FOUND)
             return RunOutcome("not_found")
+        edit = EditedMessage(message_id=message_id, text=text, checkpoint=checkpoint, head=head)
+        context = _context(owned, user_id, thread_id)
+        return await self._run_edit(surface, spec, owned, context, edit, on_fork)
+
+    async def _run_edit(
+        self,
+        surface: Surface,
+        spec: AgentSpec,
+        owned: OwnedThread,
+        context: Context,
+        edit: EditedMessage,
+        on_fork: Callable[[], Awaitable[None]] | None,
+        *,
+        budgeted: bool = True,
+    ) -> RunOutcome:
+        """The edit's fork, run from its checkpoint with the new text (also a dead worker's
+        edit whose fork wrote nothing: admitted on that worker, so not budgeted again)."""
+        thread_id = context.thread_id
 
         async def start(graph: Any) -> RunnableConfig:
-            checkpoint = point or await root_checkpoint_id(graph, thread_id)
-            if checkpoint is None and await latest_checkpoint_id(graph, thread_id) is not None:
-                raise ThreadNotFound
-            if on_fork is not None:
-                await on_fork()
-            fork = {"checkpoint_id": checkpoint} if checkpoint else {}  # none: a new thread
+            # Under the lock: a run that ended meanwhile moved the thread on from what was
+            # edited, and the edit would drop it.
+            if await latest_checkpoint_id(graph, thread_id) != edit.head:
+                raise ThreadBusy
+            fork = {"checkpoint_id": edit.checkpoint} if edit.checkpoint else {}  # none: new
             return {"configurable": {"thread_id": thread_id, **fork}}
 
-        context = _context(owned, user_id, thread_id)
+        inputs = spec.inputs(edit.text, edit.message_id)
         return await self._run(
-            surface, spec, spec.inputs(text, message_id), context, owned, start=start
+            surface,
+            spec,
+            inputs,
+            context,
+            owned,
+            start=start,
+            budgeted=budgeted,
+            edit=edit,
+            on_fork=on_fork,
         )
 
     async def fork(
@@ -592,11 +632,19 @@ class Runner:
             [] if self.journal is None else await self.journal.take_stranded(stale_s=self.stale_s)
         )
 
-    async def resume_stranded(self, stranded: StrandedRun, surface: Surface) -> RunOutcome:
+    async def resume_stranded(
+        self,
+        stranded: StrandedRun,
+        surface: Surface,
+        *,
+        on_fork: Callable[[], Awaitable[None]] | None = None,
+    ) -> RunOutcome:
         """Resume a dead worker's run from its last checkpoint.
 
         No completed step runs again (the checkpointer has it); the step in flight may, so
-        tools stay read-only or idempotent. A run paused on a question stays paused.
+        tools stay read-only or idempotent. A run paused on a question stays paused. An edit
+        whose fork wrote nothing yet runs from the fork, `on_fork` first completing the
+        conversation's side of it (its worker may have died before or while changing it).
         """
         assert self.journal is not None
         thread_id, user_id = stranded.thread_id, stranded.user_id
@@ -612,6 +660,14 @@ class Runner:
             metrics.observe_resumed(owned.agent, "given_up")
             await surface.failed(RUN_LOST, thread_id=thread_id)
             return RunOutcome("failed", owned=owned)
+        edit = stranded.edit
+        if edit is not None and await latest_checkpoint_id(graph, thread_id) == edit.head:
+            log.info("carrying out thread %s's edit left by a stopped worker", thread_id)
+            context = _context(owned, user_id, thread_id)
+            outcome = await self._run_edit(
+                surface, spec, owned, context, edit, on_fork, budgeted=False
+            )
+            return await self._resumed(spec, thread_id, outcome)
         try:
             # Read under the run lock: a live worker that has just taken the run (its row
             # written, its first checkpoint not yet) still shows the question it answers, and
@@ -629,9 +685,15 @@ class Runner:
             # reply goes with the outcome (the stored conversation skips it if it has it).
             return RunOutcome("done", reply=spec.reply_text(state.values), owned=owned)
         log.info("resuming thread %s (%s) left by a stopped worker", thread_id, spec.key)
-        # Admitted when it started: continuing it is never refused for the budget (not mid-run).
         context = _context(owned, user_id, thread_id)
-        outcome = await self._run(surface, spec, None, context, owned, budgeted=False)
+        # Admitted when it started: continuing it is never refused for the budget (not mid-run).
+        # An edit's fork that wrote its first checkpoint goes on like any run (its worker
+        # changed the conversation before that); the row keeps the edit until it ends.
+        outcome = await self._run(surface, spec, None, context, owned, budgeted=False, edit=edit)
+        return await self._resumed(spec, thread_id, outcome)
+
+    async def _resumed(self, spec: AgentSpec, thread_id: str, outcome: RunOutcome) -> RunOutcome:
+        assert self.journal is not None
         metrics.observe_resumed(spec.key, outcome.status)
         if outcome.status == "failed":
             await self.journal.give_up(thread_id)
@@ -674,9 +736,13 @@ class Runner:
         start: StartFrom | None = None,
         message_id: str | None = None,
         budgeted: bool = True,
+        edit: EditedMessage | None = None,
+        on_fork: Callable[[], Awaitable[None]] | None = None,
     ) -> RunOutcome:
         """One run on the thread; a second one while it works is refused (across workers), and
         so is one the user's monthly budget cannot cover (`budgeted`), before it starts.
+        An edit's run is journalled with the edit, and `on_fork` (the conversation's side of
+        it) runs only once that is committed.
 
         Everything the run writes (its journal row, checkpoints, memories, fetch log, after-turn
         jobs) carries the authority of the session that asked for it, or of this moment for a
@@ -687,7 +753,17 @@ class Runner:
             authority = fence.Fence.now(context.user_id)
         with fence.acting_for(authority):
             return await self._run_fenced(
-                surface, spec, inputs, context, owned, answering, start, message_id, budgeted
+                surface,
+                spec,
+                inputs,
+                context,
+                owned,
+                answering,
+                start,
+                message_id,
+                budgeted,
+                edit,
+                on_fork,
             )
 
     async def _run_fenced(
@@ -701,6 +777,8 @@ class Runner:
         start: StartFrom | None,
         message_id: str | None,
         budgeted: bool,
+        edit: EditedMessage | None = None,
+        on_fork: Callable[[], Awaitable[None]] | None = None,
     ) -> RunOutcome:
         graph = self.graphs.get(spec.key)
         if graph is None:
@@ -736,8 +814,13 @@ class Runner:
                     )
                 if self.journal is not None:
                     await self.journal.started(
-                        thread_id=context.thread_id, user_id=context.user_id, agent=spec.key
+                        thread_id=context.thread_id,
+                        user_id=context.user_id,
+                        agent=spec.key,
+                        edit=edit,
                     )
+                if on_fork is not None:
+                    await on_fork()
                 meter = self.usage.meter() if self.usage is not None else None
                 started = time.perf_counter()
                 try:

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn")
 
 STARTING = "Cairn is still starting"
+DRAIN_GRACE_S = 1.0
+"""How long a stopping worker answers /readyz with 503 and refuses new chat connections before
+it closes the open ones (a balancer probing /readyz stops sending it users meanwhile)."""
 
 
 @dataclass
@@ -75,6 +78,9 @@ class AppRuntime:
     """Personal access tokens for the MCP endpoint."""
     usage: UsageLedger | None = None
     """Every run's model use, and each user's monthly budget (graphs/core/usage.py)."""
+    journal: RunJournal | None = None
+    draining: bool = False
+    """The worker is stopping: not ready, new chat connections refused (ui/drain.py)."""
     _privacy: Privacy | None = None
     _runner: Runner | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -165,7 +171,7 @@ async def start(runtime: AppRuntime) -> None:
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
     assert runtime.run_locks is not None
     assert runtime.revocations is not None
-    journal = RunJournal(runtime.pool)
+    journal = runtime.journal = RunJournal(runtime.pool)
     runtime._runner = Runner(
         agents=runtime.agents,
         graphs=runtime.graphs,
@@ -225,19 +231,47 @@ async def start(runtime: AppRuntime) -> None:
     )
 
 
+async def drain(runtime: AppRuntime, *, grace_s: float = DRAIN_GRACE_S) -> None:
+    """A stopping worker's first step, before its server closes: not ready at once, and after
+    `grace_s` its chat connections are closed so the browsers reconnect to a live worker (this
+    one refuses them meanwhile). Its runs are handed over when it stops (`stop`)."""
+    runtime.draining = True
+    log.info("draining: not ready, closing chat connections in %.1f s", grace_s)
+    await asyncio.sleep(grace_s)
+    if runtime.chat is not None:
+        closed = await runtime.chat.reconnect_elsewhere()
+        log.info("draining: %d chat connection(s) told to reconnect", closed)
+
+
 async def stop(runtime: AppRuntime) -> None:
+    runtime.draining = True
     for task in runtime.background:
         task.cancel()
     if runtime.memory_jobs is not None:
         await runtime.memory_jobs.stop()
     if runtime.run_locks is not None:
         await runtime.run_locks.close()
+    await _hand_over(runtime)
     if runtime.persistence is not None:
         await runtime.persistence.close()
     else:
         await runtime.pool.close()
     if runtime.tracing is not None:
         runtime.tracing.shutdown()
+
+
+async def _hand_over(runtime: AppRuntime) -> None:
+    """With the run locks released, this worker's unfinished runs go to a live worker's next
+    sweep at once (kill -9 leaves them for STALE_S)."""
+    if runtime.journal is None:
+        return
+    try:
+        handed = await runtime.journal.hand_over()
+    except Exception as exc:  # Postgres away: the runs go stale and are resumed all the same
+        log.warning("handing over runs failed: %s", exc)
+        return
+    if handed:
+        log.info("handed over %d run(s) to the other workers", handed)
 
 
 def memory_loader(

@@ -592,6 +592,12 @@ CREATE TABLE IF NOT EXISTS cairn_slots (
 );
 """
 
+# An edit's run (graphs/core/runs.py EditedMessage): the fork a live worker carries out when the
+# worker that accepted the edit dies before the fork is written.
+RUN_EDITS_SQL = """
+ALTER TABLE cairn_runs ADD COLUMN IF NOT EXISTS edit jsonb;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -612,6 +618,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0106_sign_out", SIGN_OUT_SQL),
     Migration("0107_usage", USAGE_SQL),
     Migration("0108_shared_limits", SHARED_LIMITS_SQL),
+    Migration("0109_run_edits", RUN_EDITS_SQL),
 )
 
 

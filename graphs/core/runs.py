@@ -5,12 +5,13 @@ checkpoint rather than redoing earlier searches")."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from graphs.core import fence
 
@@ -36,19 +37,54 @@ def worker_id() -> str:
 
 
 @dataclass(frozen=True)
+class EditedMessage:
+    """An edit's run: what a live worker needs to carry it out if the one that accepted it dies.
+    Recorded with the run before the conversation shows the edit."""
+
+    message_id: str
+    text: str
+    """The message's new text, as the graph gets it."""
+    checkpoint: str | None
+    """The checkpoint the message was sent on, which the fork starts from (None: a new thread)."""
+    head: str | None
+    """The thread's newest checkpoint when the edit was accepted: while it is still the newest,
+    the fork has written nothing and runs again from `checkpoint`."""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"message_id": self.message_id, "text": self.text}
+            | {"checkpoint": self.checkpoint, "head": self.head}
+        )
+
+    @classmethod
+    def from_row(cls, value: Any) -> EditedMessage | None:
+        if not isinstance(value, dict):
+            return None
+        return cls(
+            message_id=str(value["message_id"]),
+            text=str(value["text"]),
+            checkpoint=value.get("checkpoint"),
+            head=value.get("head"),
+        )
+
+
+@dataclass(frozen=True)
 class StrandedRun:
     thread_id: str
     user_id: str
     agent: str
     attempts: int
+    edit: EditedMessage | None = None
+    """The run was an edit's (None: a message, an answer, a retry)."""
 
 
 _STARTED = (
     f"WITH {fence.STATEMENT_CTE} "  # noqa: S608 (constants only)
-    "INSERT INTO cairn_runs (thread_id, user_id, agent, worker_id) "
-    "SELECT %(thread)s, %(user)s, %(agent)s, %(worker)s FROM fence WHERE fence.ok "
-    "ON CONFLICT (thread_id) DO UPDATE SET "
+    "INSERT INTO cairn_runs (thread_id, user_id, agent, worker_id, edit) "
+    "SELECT %(thread)s, %(user)s, %(agent)s, %(worker)s, %(edit)s::jsonb FROM fence "
+    "WHERE fence.ok ON CONFLICT (thread_id) DO UPDATE SET "
     "worker_id = EXCLUDED.worker_id, status = 'running', heartbeat_at = now(), "
+    "edit = EXCLUDED.edit, "
     "started_at = CASE WHEN cairn_runs.worker_id = EXCLUDED.worker_id "
     "THEN now() ELSE cairn_runs.started_at END"
 )
@@ -62,6 +98,12 @@ _BEAT = (
     "WHERE thread_id = ANY(%(threads)s) AND status = 'running'"
 )
 
+_HAND_OVER = (
+    "WITH lease AS (DELETE FROM cairn_workers WHERE worker_id = %(worker)s) "
+    "UPDATE cairn_runs SET heartbeat_at = now() - interval '1 day' "
+    "WHERE thread_id = ANY(%(threads)s) AND worker_id = %(worker)s AND status = 'running'"
+)
+
 _STALE = "now() - make_interval(secs => %(stale)s)"
 _RECENT_START = f"pg_postmaster_start_time() < {_STALE}"
 """Postgres has been up longer than the stale period: every live worker could beat since."""
@@ -72,7 +114,7 @@ _TAKE_STRANDED = (
     " SELECT thread_id FROM cairn_runs WHERE status = 'running' "
     f" AND heartbeat_at < {_STALE} AND {_RECENT_START}"
     " ORDER BY heartbeat_at LIMIT 20 FOR UPDATE SKIP LOCKED) "
-    "RETURNING thread_id, user_id, agent, attempts"
+    "RETURNING thread_id, user_id, agent, attempts, edit"
 )
 
 CALL_LAPSED = (
@@ -114,15 +156,16 @@ class RunJournal:
         beaten by the worker that runs it, not by whoever last took it: a sweep that took a
         live worker's run and found it busy must not keep it alive once that worker dies."""
 
-    async def started(self, *, thread_id: str, user_id: str, agent: str) -> None:
+    async def started(
+        self, *, thread_id: str, user_id: str, agent: str, edit: EditedMessage | None = None
+    ) -> None:
         """Called under the thread's run lock: this worker now runs the thread (refused once
-        the user's data was wiped: graphs.core.fence)."""
+        the user's data was wiped: graphs.core.fence). Committed when this returns, so an
+        edit's fork is on record before anything shows it."""
+        args = {"thread": thread_id, "user": user_id, "agent": agent, "worker": self.worker}
+        edited = {"edit": edit.to_json() if edit is not None else None}
         async with fence.statement(self.pool) as conn:
-            await conn.execute(
-                _STARTED,
-                {"thread": thread_id, "user": user_id, "agent": agent, "worker": self.worker}
-                | fence.statement_args(),
-            )
+            await conn.execute(_STARTED, args | edited | fence.statement_args())
         self._running.add(thread_id)
 
     def released(self, thread_id: str) -> None:
@@ -143,6 +186,16 @@ class RunJournal:
         statement, so a worker's lease and its runs' heartbeats never disagree."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(_BEAT, {"worker": self.worker, "threads": list(self._running)})
+            return cur.rowcount
+
+    async def hand_over(self) -> int:
+        """This worker is stopping (its run locks already released): the runs it executes look
+        stranded at once, so a live worker's next sweep resumes them instead of waiting out
+        STALE_S, and its lease goes. How many runs were handed over."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _HAND_OVER, {"worker": self.worker, "threads": list(self._running)}
+            )
             return cur.rowcount
 
     async def take_stranded(self, *, stale_s: float = STALE_S) -> list[StrandedRun]:
@@ -166,6 +219,7 @@ class RunJournal:
                 user_id=r["user_id"],
                 agent=r["agent"],
                 attempts=r["attempts"],
+                edit=EditedMessage.from_row(r["edit"]),
             )
             for r in rows
         ]

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -54,6 +55,7 @@ from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
 from ui.chainlit.adapter import ChainlitChat
 from ui.chainlit.agents import discover
+from ui.chainlit.data_layer import append_message
 from ui.recovery import recover_forever, recover_once
 from ui.runner import PostgresThreads, Runner
 from ui.surface import HeadlessSurface, HeadlessView
@@ -302,6 +304,11 @@ def resumed_count(agent: str) -> float:
     return REGISTRY.get_sample_value("cairn_runs_resumed_total", labels) or 0.0
 
 
+def chat_port(pool: Any) -> ChainlitChat:
+    """The chat as recovery reaches it (nobody is connected to this worker)."""
+    return ChainlitChat(pool, discover(AGENTS))
+
+
 async def recover(runner: Runner, killed_at: float) -> Any:
     """What every worker's sweep does (ui/recovery.py): nobody is connected to this worker, so
     the resumed run's reply goes into the stored conversation."""
@@ -309,7 +316,7 @@ async def recover(runner: Runner, killed_at: float) -> Any:
     outcomes: list[Any] = []
     while not outcomes:
         assert time.monotonic() - killed_at < 30, "the stranded run was never found"
-        outcomes = await recover_once(runner, chat_of(pool))
+        outcomes = await recover_once(runner, chat_port(pool))
         await asyncio.sleep(0.2)
     [outcome] = outcomes
     return outcome
@@ -539,7 +546,7 @@ async def test_a_live_workers_run_taken_by_mistake_stays_its_and_is_resumed_once
                 "WHERE thread_id = %s",
                 (thread_id,),
             )
-        [outcome] = await recover_once(runner, chat_of(pool))
+        [outcome] = await recover_once(runner, chat_port(pool))
         assert outcome.status == "busy", "its worker is alive and holds the run lock"
         # ... and the live worker, beating again, keeps it.
         await asyncio.sleep(1.0)
@@ -708,7 +715,7 @@ async def test_a_long_resumed_run_does_not_hold_up_the_next_sweep(database_url):
     sweeps = None
     try:
         await strand(runner, "durable-sweep-long")
-        sweeps = asyncio.create_task(recover_forever(runner, chat_of(pool), every_s=0.2))
+        sweeps = asyncio.create_task(recover_forever(runner, chat_port(pool), every_s=0.2))
         deadline = time.monotonic() + 10
         while (row := await run_row(pool, "durable-sweep-long")) and row["attempts"] == 0:
             assert time.monotonic() < deadline, "the first run was never taken"
@@ -866,6 +873,159 @@ async def test_an_mcp_call_killed_with_its_worker_stops_counting_once_its_run_is
     await close()
 
 
-def chat_of(pool: Any) -> ChainlitChat:
-    """The chat port a worker's recovery writes through (the Chainlit adapter's)."""
-    return ChainlitChat(pool, discover(AGENTS))
+EDITED = "How do I plan a week of vegetarian meals?"
+
+
+async def chat_rows(pool: Any, thread_id: str) -> list[tuple[str, str]]:
+    """The conversation as its owner sees it when they open it: (who, text) per message."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            'SELECT type, output FROM "Step" WHERE "threadId" = %s '
+            "AND type IN ('user_message', 'assistant_message') ORDER BY \"createdAt\", id",
+            (thread_id,),
+        )
+        rows = await cur.fetchall()
+    return [("human" if r["type"] == "user_message" else "ai", r["output"]) for r in rows]
+
+
+async def history(runner: Runner, thread_id: str) -> list[tuple[str, str]]:
+    """What the model sees of the conversation: the thread's head."""
+    config = {"configurable": {"thread_id": thread_id}}
+    messages = (await runner.graphs["assistant"].aget_state(config)).values["messages"]
+    return [(m.type, m.text) for m in messages]
+
+
+async def chat_turn(runner: Runner, thread_id: str, message_id: str, text: str) -> None:
+    """A turn as the chat stores it: the user's message step, the run, the reply step."""
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    async with pool.connection() as conn:
+        await conn.execute(
+            'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
+            '"endTime", "createdAt", "showInput", "isError") SELECT %s, %s, \'user\', '
+            "'user_message', %s, '{}', t, t, t, 'json', false "
+            "FROM (SELECT now() AT TIME ZONE 'UTC' AS t) AS n",
+            (message_id, thread_id, text),
+        )
+    outcome = await runner.message(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        profile="Assistant",
+        text=text,
+        message_id=message_id,
+        temporary=False,
+    )
+    assert outcome.status == "done"
+    assert outcome.reply
+    await append_message(pool, thread_id, outcome.reply)
+    await asyncio.sleep(0.01)  # steps are stored to the millisecond: the next one comes later
+
+
+@pytest.mark.parametrize("when", ["journalled", "shown"])
+async def test_an_edit_killed_as_it_is_accepted_is_carried_out_by_a_live_worker(database_url, when):
+    """kill -9 of the worker that has just accepted an edit, before (`journalled`) or after
+    (`shown`) the stored conversation shows it, and before the fork wrote anything: a live
+    worker finishes the edit, and the conversation and the model's history agree (the edited
+    message and its one reply). It was left showing the edited branch over the old history,
+    unanswered, with nothing to resume it."""
+    runner, close = await make_runner(database_url, worker="survivor-edit", agent="assistant")
+    thread_id = f"durable-edit-{when}"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    await chainlit_thread(runner, thread_id)
+    first = f"{thread_id}-m1"  # a message id is a step id: unique across conversations
+    await chat_turn(runner, thread_id, first, ASSISTANT_MESSAGE)
+    await chat_turn(runner, thread_id, f"{thread_id}-m2", "And for two people?")
+    assert await chat_rows(pool, thread_id) == await history(runner, thread_id)
+    edit = [first, EDITED, when]
+
+    async def accepted() -> bool:
+        row = await run_row(pool, thread_id)
+        if when == "journalled":
+            return row is not None
+        return ("human", EDITED) in await chat_rows(pool, thread_id)
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.edit_worker", database_url, thread_id, *edit],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    await kill_when(worker, accepted)
+    killed_at = time.monotonic()
+
+    outcome = await recover(runner, killed_at)
+    assert outcome.status == "done", outcome
+    assert outcome.reply
+    expected = [("human", EDITED), ("ai", outcome.reply)]
+    assert await history(runner, thread_id) == expected, "the model sees the edited branch"
+    assert await chat_rows(pool, thread_id) == expected, "the conversation shows the same"
+    assert await run_row(pool, thread_id) is None, "finished: nothing left to resume"
+    await close()
+
+
+async def test_an_edit_whose_run_was_overtaken_is_refused_and_changes_nothing(database_url):
+    """An edit accepted on a thread that another run moved on meanwhile (it ended between the
+    fork point's look-up and the run lock) would drop that run's turn: refused as busy, and
+    neither the conversation nor the model's history changes."""
+    runner, close = await make_runner(database_url, worker="edit-overtaken", agent="assistant")
+    thread_id = "durable-edit-overtaken"
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    await claim_thread(pool, thread_id=thread_id, user_id="alice", agent="assistant")
+    await chainlit_thread(runner, thread_id)
+    await chat_turn(runner, thread_id, f"{thread_id}-m1", ASSISTANT_MESSAGE)
+    before = await history(runner, thread_id)
+    shown: list[bool] = []
+
+    async def on_fork() -> None:
+        shown.append(True)
+
+    locks = runner.locks
+    overtake = [True]
+
+    @contextlib.asynccontextmanager
+    async def hold(held: str) -> Any:
+        if overtake and overtake.pop():  # another turn ends just before the edit takes the lock
+            await chat_turn(runner, thread_id, f"{thread_id}-m2", "And for two people?")
+        async with locks.hold(held):
+            yield
+
+    runner.locks = SimpleNamespace(hold=hold, lost=locks.lost)  # type: ignore[assignment]
+    outcome = await runner.edit(
+        HeadlessSurface(),
+        user_id="alice",
+        thread_id=thread_id,
+        message_id=f"{thread_id}-m1",
+        text=EDITED,
+        on_fork=on_fork,
+    )
+    assert outcome.status == "busy", outcome
+    assert not shown, "the conversation was not changed"
+    after = await history(runner, thread_id)
+    assert after[: len(before)] == before, "the turn that came first stays"
+    assert len(after) == 4
+    assert await chat_rows(pool, thread_id) == after
+    assert await run_row(pool, thread_id) is None
+    await close()
+
+
+async def test_a_stopping_worker_hands_its_runs_over_at_once(database_url):
+    """A worker stopped gracefully (SIGTERM: runtime.stop) makes its unfinished runs stranded
+    at once, so a live worker's next sweep resumes them; only a killed worker's runs wait out
+    the stale period."""
+    runner, close = await make_runner(database_url, worker="stopping", agent="assistant")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    stopping, live = RunJournal(pool, worker="stopping"), RunJournal(pool, worker="live")
+    thread_id = "durable-hand-over"
+    await stopping.started(thread_id=thread_id, user_id="alice", agent="assistant")
+    await stopping.beat()
+    # Postgres may have started moments ago: a sweep waits out `stale_s` after that too.
+    assert await live.take_stranded(stale_s=1.0) == [], "a beating worker's run stays its own"
+    assert await stopping.hand_over() == 1
+    taken = []
+    async with asyncio.timeout(5):  # at most until Postgres has been up for `stale_s`
+        while not taken:
+            taken = await live.take_stranded(stale_s=1.0)
+    [taken_run] = taken
+    assert taken_run.thread_id == thread_id
+    await live.forget(thread_id)
+    await close()

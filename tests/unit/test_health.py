@@ -46,6 +46,7 @@ class FakeRuntime:
     pool: FakePool = field(default_factory=FakePool)
     memory_jobs: FakeJobs | None = field(default_factory=FakeJobs)
     started: bool = True
+    draining: bool = False
 
 
 def client(runtime: FakeRuntime | None) -> TestClient:

@@ -15,10 +15,16 @@ from ui.agents import AGENTS
 from ui.chainlit import config, hooks, patches, sign_in
 from ui.chainlit.agents import discover
 from ui.chainlit.chat import ChatHandlers
-from ui.chainlit.data_layer import PostgresDataLayer, add_outside_turn, append_message
+from ui.chainlit.data_layer import (
+    PostgresDataLayer,
+    add_outside_turn,
+    append_message,
+    store_edit,
+)
 from ui.chainlit.identity import clear_session_cookie
 from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
 from ui.chainlit.patches.sessions import (
+    close_all_transports,
     disconnect_session_sockets,
     disconnect_user_sockets,
     enter_live_session,
@@ -75,11 +81,17 @@ class ChainlitChat:
             self.pool, thread_id=thread_id, user_id=user_id, profile=profile, text=text
         )
 
+    async def store_edit(self, thread_id: str, message_id: str, text: str) -> None:
+        await store_edit(self.pool, thread_id, message_id, text)
+
     async def end_sessions(self, user_id: str) -> int:
         return await disconnect_user_sockets(user_id)
 
     async def end_session(self, key: bytes) -> int:
         return await disconnect_session_sockets(key)
+
+    async def reconnect_elsewhere(self) -> int:
+        return await close_all_transports()
 
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         if not enter_live_session(thread_id=thread_id, user_id=user_id):

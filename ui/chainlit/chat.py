@@ -22,7 +22,7 @@ from graphs.core.models import offline_notice
 from graphs.memory.recall import is_trivial
 from ui.chainlit import welcome
 from ui.chainlit.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
-from ui.chainlit.data_layer import stored_user_message, unanswered_message
+from ui.chainlit.data_layer import store_edit, stored_user_message, unanswered_message
 from ui.chainlit.identity import session_user_id
 from ui.chainlit.patches.sessions import stoppable
 from ui.chainlit.surface import ChatSurface, ask_text, refuse, retry_message
@@ -280,7 +280,8 @@ class ChatHandlers:
     async def edit_message(self, message: cl.Message, text: str, later: list[cl.Message]) -> None:
         """An earlier message edited: the conversation forks from before it (the runner finds the
         checkpoint, under the run lock, for the thread's owner only); the later messages leave the
-        chat only once the fork is certain. Attachments of the original message are not re-sent."""
+        chat only once the fork is journalled. Attachments of the original message are not
+        re-sent."""
         runtime = self.runtime()
         user_id = await self._session_user_id()
         try:
@@ -289,18 +290,24 @@ class ChatHandlers:
             await refuse(str(exc))
             return
 
+        thread_id = cl.context.session.thread_id
+        edited = compose(text, [])
+
         async def on_fork() -> None:
+            # Stored first, in one statement (Chainlit stores an update in a task of its own):
+            # the runner has journalled the fork, and a resumed edit stores it the same way.
+            await store_edit(runtime.pool, thread_id, message.id, edited)
             for step in later:
                 await step.remove()
-            message.content = text
+            message.content = edited
             await message.update()
 
         await runtime.runner.edit(
             ChatSurface(self.presentations),
             user_id=user_id,
-            thread_id=cl.context.session.thread_id,
+            thread_id=thread_id,
             message_id=message.id,
-            text=compose(text, []),
+            text=edited,
             on_fork=on_fork,
         )
 

@@ -453,13 +453,44 @@ async def append_message(
     Chainlit's data layer records steps only inside a live session (data/utils.py
     `queue_until_user_message`), so the row is written here, after the thread's other steps;
     it is sanitised on read like every stored step. The only writer of step rows outside
-    `PostgresDataLayer`. `once`: not when the thread already ends on this reply.
+    `PostgresDataLayer` besides `store_edit`. `once`: not when the thread already ends on this
+    reply.
     """
     if not text:
         return
     params = {"id": str(uuid.uuid4()), "author": author, "text": text, "thread": thread_id}
     async with fenced(pool) as conn:  # refused once the user's data was wiped
         await conn.execute(_APPEND + (_NOT_LAST if once else ""), params)
+
+
+_STORE_EDIT = """
+WITH edited AS (
+    SELECT "createdAt" FROM "Step"
+    WHERE id = %(message)s AND "threadId" = %(thread)s AND type = 'user_message'
+), later AS (
+    SELECT id FROM "Step" WHERE "threadId" = %(thread)s AND id <> %(message)s
+      AND "createdAt" >= (SELECT "createdAt" FROM edited)
+), elements AS (
+    DELETE FROM "Element" WHERE "stepId" IN (SELECT id FROM later)
+), feedback AS (
+    DELETE FROM "Feedback" WHERE "stepId" IN (SELECT id FROM later)
+), gone AS (
+    DELETE FROM "Step" WHERE id IN (SELECT id FROM later)
+)
+UPDATE "Step" SET output = %(text)s
+WHERE id = %(message)s AND "threadId" = %(thread)s AND type = 'user_message'
+"""
+"""Steps stored in the same millisecond as the edited message count as later: a turn's own
+steps start right after its message, the previous turn's long before."""
+
+
+async def store_edit(pool: Pool, thread_id: str, message_id: str, text: str) -> None:
+    """The stored conversation as an edit leaves it, in one statement: the user's message with
+    its new text and nothing after it. Done again by a run resumed for an edit whose worker
+    stopped before or while changing the conversation, so it changes nothing the second time."""
+    params = {"thread": thread_id, "message": message_id, "text": text}
+    async with fenced(pool) as conn:  # refused once the user's data was wiped
+        await conn.execute(_STORE_EDIT, params)
 
 
 async def add_outside_turn(

@@ -96,6 +96,19 @@ async def disconnect_session_sockets(key: bytes) -> int:
     return ended
 
 
+async def close_all_transports() -> int:
+    """Close every socket.io connection of this worker at the transport (engine.io) level;
+    returns how many. The client takes that for a lost connection and reconnects by itself,
+    where a socket.io disconnect (disconnect_user_sockets) tells it not to come back."""
+    from chainlit.server import sio
+
+    closed = 0
+    for eio_sid in list(sio.eio.sockets):
+        await sio.eio.disconnect(eio_sid)
+        closed += 1
+    return closed
+
+
 def enter_live_session(*, thread_id: str, user_id: str) -> bool:
     """Make the user's open chat of that conversation on this worker, if any, the current
     Chainlit context (so a resumed run streams into it); returns whether there was one.
