@@ -326,7 +326,8 @@ async def test_a_revoked_token_and_a_wiped_account_get_401(
     made = await make_token(app_server, cookies["alice"])
     other = await make_token(app_server, cookies["bob"])
     await call(app_server, made["token"], "ask_assistant", message="before")
-    async with httpx.AsyncClient(base_url=app_server.url, timeout=30) as http:
+    browser = {"Origin": app_server.url}  # every request below comes from the app's own page
+    async with httpx.AsyncClient(base_url=app_server.url, timeout=30, headers=browser) as http:
         # Bob cannot revoke Alice's token: the same 404 as a made-up id.
         foreign = await http.post(
             f"/api/tokens/{made['id']}/revoke", headers={"Cookie": cookies["bob"], **PAGE}

@@ -137,7 +137,11 @@ def test_another_user_and_another_site_are_refused_everywhere(app_server, browse
 
     def as_bob(method: str, path: str, **kwargs):
         return httpx.request(
-            method, f"{url}{path}", cookies=bob_cookies, headers=PAGE_HEADERS, **kwargs
+            method,
+            f"{url}{path}",
+            cookies=bob_cookies,
+            headers={**PAGE_HEADERS, "Origin": url},
+            **kwargs,
         )
 
     listing = as_bob("GET", "/api/memory").json()

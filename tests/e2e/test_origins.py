@@ -88,7 +88,7 @@ async def test_socket_io_polling_from_another_origin_is_refused(app_server: AppS
 STATE_CHANGES: list[tuple[str, str, dict[str, Any]]] = [
     ("PUT", "/project/thread", {"json": {"threadId": "x", "name": "pwned"}}),
     ("DELETE", "/project/thread", {"json": {"threadId": "x"}}),
-    ("POST", "/api/memory/settings", {"json": {"enabled": False}}),
+    ("PUT", "/api/memory/settings", {"json": {"enabled": False}}),
     ("POST", "/api/account/wipe", {"json": {"confirm": "delete my data"}}),
     ("POST", "/api/tokens", {"json": {"name": "t", "scopes": ["assistant"]}}),
     ("POST", "/logout", {}),
@@ -114,10 +114,10 @@ async def test_a_cookie_carrying_state_change_with_no_origin_needs_the_apps_refe
     app_server: AppServer, alice: str
 ) -> None:
     async with httpx.AsyncClient(base_url=app_server.url, timeout=10) as http:
-        bare = await http.post(
+        bare = await http.put(
             "/api/memory/settings", json={"enabled": True}, headers={"Cookie": alice}
         )
-        referred = await http.post(
+        referred = await http.put(
             "/api/memory/settings",
             json={"enabled": True},
             headers={
