@@ -16,7 +16,6 @@ from fastapi import APIRouter, HTTPException, Response
 
 from auth.identity import CurrentUserId
 from graphs.core.fence import fenced
-from ui.runtime import Runtime
 
 if TYPE_CHECKING:
     from graphs.core.persistence import Pool
@@ -209,7 +208,7 @@ def build_router(storage: PostgresStorageClient) -> APIRouter:
     router = APIRouter()
 
     @router.get(ROUTE + "/{object_key:path}")
-    async def element_bytes(object_key: str, user_id: CurrentUserId, _: Runtime) -> Response:
+    async def element_bytes(object_key: str, user_id: CurrentUserId) -> Response:
         stored = await storage.read(object_key, user_id=user_id)
         if stored is None:
             log.info("element %s not served to %s (missing or not theirs)", object_key, user_id)
