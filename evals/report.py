@@ -14,8 +14,9 @@ from graphs.memory.recall import (
 )
 
 if TYPE_CHECKING:
-    from evals.retrieval import RetrievalResult, Score
+    from evals.retrieval import RetrievalResult
     from evals.writes import WriteResult
+    from graphs.memory.evaluation.retrieval import Score
 
 DECISIONS = ("insert", "update", "noop", "reject", "suggest")
 

@@ -76,7 +76,9 @@ class SecurityHeaders:
                         self._value = self.policy()
                     headers["Content-Security-Policy"] = self._value
                 headers.setdefault("X-Content-Type-Options", "nosniff")
-                headers.setdefault("Referrer-Policy", "no-referrer")
+                # Not no-referrer: under it a browser sends `Origin: null` with the app's own
+                # form posts and fetches, which the origin check (ui/origin_guard.py) refuses.
+                headers.setdefault("Referrer-Policy", "same-origin")
             await send(message)
 
         await self.app(scope, receive, with_headers)

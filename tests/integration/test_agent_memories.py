@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from chainlit.auth import get_current_user
-from chainlit.user import User
 from fastapi import FastAPI
 
+from auth import identity
 from auth.ownership import claim_thread
 from auth.sessions import SessionRevocations
 from graphs.core.persistence import Persistence
@@ -28,7 +27,11 @@ from graphs.memory.scoped import user_label
 from graphs.tools.fetchlog import FetchRecord, new_record
 from tests.integration.test_memory_jobs import db
 from tests.integration.test_privacy import chainlit_thread
+from ui.agents import AGENTS
+from ui.chainlit.adapter import ChainlitChat
+from ui.chainlit.agents import discover
 from ui.memory_page import build_router
+from ui.runtime import current_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +65,8 @@ class Runtime:
     public_url: str = "http://test"
     accounts: Any = None
     memory_jobs: Any = None
+    port: Any = None
+    """The chat port (set below: the Chainlit adapter's, on the test database)."""
     runner: Any = None
     support_audit: Any = None
 
@@ -76,13 +81,20 @@ def runtime(db: Persistence) -> Runtime:
         revocations=SessionRevocations(db.pool),
         default_retention_days=365,
     )
-    return Runtime(Settings(data_dir=Path("/nonexistent")), db.pool, db, privacy)
+    return Runtime(
+        Settings(data_dir=Path("/nonexistent")),
+        db.pool,
+        db,
+        privacy,
+        port=ChainlitChat(db.pool, discover(AGENTS)),
+    )
 
 
 def client_as(runtime: Runtime, user_id: str) -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(build_router(lambda: runtime))  # type: ignore[arg-type,return-value]
-    app.dependency_overrides[get_current_user] = lambda: User(identifier=user_id)
+    app.include_router(build_router())
+    app.dependency_overrides[current_runtime] = lambda: runtime
+    app.dependency_overrides[identity._session_claims] = lambda: {"identifier": user_id}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 

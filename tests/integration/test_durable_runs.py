@@ -48,9 +48,12 @@ from graphs.research.offline import FETCHES_PER_TOPIC, OfflineResearchModel
 from graphs.tools.fetch import Fetcher
 from graphs.tools.fetchlog import PostgresFetchLog
 from graphs.tools.search import LocalCorpus
+from ui.agents import AGENTS
 from ui.agents import assistant as assistant_agent
 from ui.agents import planner as planner_agent
 from ui.agents import research as research_agent
+from ui.chainlit.adapter import ChainlitChat
+from ui.chainlit.agents import discover
 from ui.recovery import recover_forever, recover_once
 from ui.runner import PostgresThreads, Runner
 from ui.surface import HeadlessSurface, HeadlessView
@@ -306,7 +309,7 @@ async def recover(runner: Runner, killed_at: float) -> Any:
     outcomes: list[Any] = []
     while not outcomes:
         assert time.monotonic() - killed_at < 30, "the stranded run was never found"
-        outcomes = await recover_once(runner, pool)
+        outcomes = await recover_once(runner, chat_of(pool))
         await asyncio.sleep(0.2)
     [outcome] = outcomes
     return outcome
@@ -536,7 +539,7 @@ async def test_a_live_workers_run_taken_by_mistake_stays_its_and_is_resumed_once
                 "WHERE thread_id = %s",
                 (thread_id,),
             )
-        [outcome] = await recover_once(runner, pool)
+        [outcome] = await recover_once(runner, chat_of(pool))
         assert outcome.status == "busy", "its worker is alive and holds the run lock"
         # ... and the live worker, beating again, keeps it.
         await asyncio.sleep(1.0)
@@ -705,7 +708,7 @@ async def test_a_long_resumed_run_does_not_hold_up_the_next_sweep(database_url):
     sweeps = None
     try:
         await strand(runner, "durable-sweep-long")
-        sweeps = asyncio.create_task(recover_forever(runner, pool, every_s=0.2))
+        sweeps = asyncio.create_task(recover_forever(runner, chat_of(pool), every_s=0.2))
         deadline = time.monotonic() + 10
         while (row := await run_row(pool, "durable-sweep-long")) and row["attempts"] == 0:
             assert time.monotonic() < deadline, "the first run was never taken"
@@ -861,3 +864,8 @@ async def test_an_mcp_call_killed_with_its_worker_stops_counting_once_its_run_is
     call_id = await tokens.begin_call(made.info, "ask_assistant", None, worker="survivor-mcp")
     await tokens.finish_call(call_id, status="done", thread_id=None, model_calls=0)
     await close()
+
+
+def chat_of(pool: Any) -> ChainlitChat:
+    """The chat port a worker's recovery writes through (the Chainlit adapter's)."""
+    return ChainlitChat(pool, discover(AGENTS))

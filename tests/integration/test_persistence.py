@@ -79,6 +79,9 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0101_embedding_reembed",
         "0102_access_tokens",
         "0103_fence_check",
+        "0104_checkpoint_prune",
+        "0105_worker_leases",
+        "0106_sign_out",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)

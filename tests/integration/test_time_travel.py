@@ -11,11 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from chainlit.auth import get_current_user
-from chainlit.user import User
 from fastapi import FastAPI
 from langchain_core.messages import HumanMessage
 
+from auth import identity
 from auth.sessions import SessionRevocations
 from graphs.assistant.offline import offline_assistant
 from graphs.core.persistence import Persistence
@@ -32,11 +31,15 @@ from graphs.core.timetravel import (
 from graphs.memory.privacy import Privacy
 from tests.integration.test_memory_jobs import db
 from tests.integration.test_privacy import chainlit_thread, scalar
+from ui.agents import AGENTS
 from ui.agents.assistant import SPEC as ASSISTANT
 from ui.agents.planner import SPEC as PLANNER
 from ui.agents.research import SPEC as RESEARCH
+from ui.chainlit.adapter import ChainlitChat
+from ui.chainlit.agents import discover
 from ui.memory_page import build_router as build_memory_router
 from ui.runner import PostgresThreads, Runner
+from ui.runtime import current_runtime
 from ui.support_page import build_router as build_support_router
 from ui.surface import HeadlessSurface
 
@@ -62,6 +65,8 @@ class Runtime:
     public_url: str = "http://test"
     accounts: Any = None
     memory_jobs: Any = None
+    port: Any = None
+    """The chat port (set below: the Chainlit adapter's, on the test database)."""
     signed_in: list[str] = field(default_factory=list)
 
 
@@ -98,6 +103,7 @@ async def runtime(db: Persistence) -> AsyncIterator[Runtime]:
         runner=runner,
         privacy=privacy,
         support_audit=SupportAudit(db.pool),
+        port=ChainlitChat(db.pool, discover(AGENTS)),
     )
     await runner.drain()
     await locks.close()
@@ -113,9 +119,10 @@ def support_role(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def client_as(runtime: Runtime, user_id: str) -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(build_memory_router(lambda: runtime))  # type: ignore[arg-type,return-value]
+    app.include_router(build_memory_router())
     app.include_router(build_support_router())
-    app.dependency_overrides[get_current_user] = lambda: User(identifier=user_id)
+    app.dependency_overrides[current_runtime] = lambda: runtime
+    app.dependency_overrides[identity._session_claims] = lambda: {"identifier": user_id}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 

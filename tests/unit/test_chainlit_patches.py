@@ -114,7 +114,8 @@ def source_digest(function: Callable[..., Any]) -> str:
 def test_chainlit_is_the_version_the_patches_were_checked_against():
     assert chainlit.__version__ == CHAINLIT_VERSION, (
         "Chainlit was upgraded: re-check every module in PINNED_BY, then update "
-        "CHAINLIT_VERSION (ui/chainlit/patches/__init__.py) and the modules' pins"
+        "CHAINLIT_VERSION (ui/chainlit/patches/__init__.py), the modules' pins and the pin in "
+        "pyproject.toml (README: Installing and upgrading; tests/unit/test_lock.py checks they agree)"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from evals.embedding_sweep import Run, apply, figures
-from evals.retrieval import LabelledQuery
+from graphs.memory.evaluation.retrieval import LabelledQuery
 from graphs.memory.recall import within_band
 from graphs.memory.scoped import Memory
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from evals.memory import HELDOUT2_DATA, HELDOUT_DATA, RETRIEVAL_DATA
-from evals.retrieval import load_retrieval_set
+from graphs.memory.evaluation.retrieval import load_retrieval_set
 
 HELDOUT2_SHA256 = "f8eba418558db777a1e0b9ec2daf28fdfd1d27c2852307c073dd245689152833"
 """As committed before any method change it could inform (issue 15, second pass). Never edit

@@ -66,7 +66,7 @@ def test_every_response_carries_the_headers() -> None:
         response = client.get(path)
         assert response.headers["content-security-policy"] == content_security_policy(URL)
         assert response.headers["x-content-type-options"] == "nosniff"
-        assert response.headers["referrer-policy"] == "no-referrer"
+        assert response.headers["referrer-policy"] == "same-origin"
 
 
 def test_a_route_with_its_own_policy_keeps_it() -> None:

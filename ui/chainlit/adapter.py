@@ -149,7 +149,21 @@ def mount(
         data_layer=lambda: PostgresDataLayer(pool, on_delete=delete_thread_data, storage=storage),
     )
     mount_chainlit(app, target=str(Path(hooks.__file__).resolve()), path=CHAINLIT_PATH)
+    _drop_path_filter()
     return ChainlitChat(pool, presentations)
+
+
+def _drop_path_filter() -> None:
+    """mount_chainlit adds a BaseHTTPMiddleware answering 404 outside its sub-path. Mounted at
+    the root it lets everything through, yet it costs every request a task of its own and turns
+    each one the browser aborts (a logo fetch under a redirect) into "No response returned"."""
+    from chainlit.server import app as chainlit_app
+
+    kept = [m for m in chainlit_app.user_middleware if m.cls.__name__ != "ChainlitMiddleware"]
+    if len(kept) != len(chainlit_app.user_middleware) - 1:
+        msg = "mount_chainlit's middleware changed: review ui/chainlit/adapter.py"
+        raise RuntimeError(msg)
+    chainlit_app.user_middleware[:] = kept
 
 
 async def _delete_thread_data(runtime: AppRuntime, thread_id: str) -> None:

@@ -13,7 +13,8 @@ vectors table keyed by the model (`store_vectors_<hash>`, the same shape as lang
    Forgetting wins: an item's new vector is written only if the item still exists unchanged
    (a delete or a forget landing mid-batch leaves nothing, and one landing later cascades),
    and facts matching the user's forget records are never carried over.
-3. `compare` runs the recall eval (evals/) with the current model and on the new index; the
+3. `compare` runs the recall eval (graphs.memory.evaluation: the labelled set shipped in the
+   package, the tuning split of `make eval`) with the current model and on the new index; the
    new index is marked ready only if it scores at least as well (precision and recall at
    recall's defaults) and holds a current vector of every live item of the current index.
 4. Reads switch by the setting: a worker configured with the new model reads the new index

@@ -42,12 +42,9 @@ class Presentations:
     """Every agent's presentation, by agent key; an agent without one gets `PlainView`."""
 
     def __init__(self, specs: tuple[AgentSpec, ...], found: tuple[Presentation, ...]) -> None:
-        keys = {spec.key for spec in specs}
-        unknown = [p.key for p in found if p.key not in keys]
-        if unknown:
-            msg = f"presentations for agents that do not exist: {unknown}"
-            raise ValueError(msg)
         self._specs = {spec.key: spec for spec in specs}
+        # A worker may serve some agents only: the others' presentations are not needed.
+        found = tuple(p for p in found if p.key in self._specs)
         self._by_key = {p.key: p for p in found}
         self._questions: dict[str, Render] = {}
         for presentation in found:
