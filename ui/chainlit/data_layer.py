@@ -149,6 +149,12 @@ def _step_params(step_dict: StepDict) -> dict[str, Any]:
     }
 
 
+def _with_output(step: StepDict) -> StepDict:
+    if step.get("output") is None:
+        step["output"] = ""
+    return step
+
+
 _DELETE_STEP = """
 WITH step AS (
     SELECT id FROM "Step" WHERE id = %(step_id)s AND "threadId" = %(thread_id)s
@@ -294,10 +300,15 @@ class PostgresDataLayer(ChainlitDataLayer):
             return await cur.fetchall()
 
     async def get_thread(self, thread_id: str) -> ThreadDict | None:
-        """Chainlit's thread, its steps sanitised again (rows stored before sanitising existed)."""
+        """Chainlit's thread, its steps sanitised again (rows stored before sanitising existed).
+
+        A step stored without output (the run step of on_chat_start) comes back with "", as
+        Chainlit sends it live: its UI reads the first step's output as text on resume, and a
+        null there was a page error on every reopened conversation that begins with one.
+        """
         thread = await super().get_thread(thread_id)
         if thread is not None and thread.get("steps"):
-            thread["steps"] = [sanitise_step(step) for step in thread["steps"]]
+            thread["steps"] = [_with_output(sanitise_step(step)) for step in thread["steps"]]
         return thread
 
     async def get_thread_author(self, thread_id: str) -> str:
