@@ -88,7 +88,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.runtime = state
     app.state.session_tokens = SessionTokens(secret=auth_secret, from_cookies=session_token)
     output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
+    storage = adapter.element_storage(settings, state.pool)
     _include_routers(app, state, mcp)
+    # Before Chainlit's mount at the root, which would answer for this path.
+    app.include_router(adapter.build_element_router(storage))
     state.chat = adapter.mount(
         app,
         settings=settings,
@@ -97,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         origins=origins,
         runtime=lambda: _started(state),
         pool=state.pool,
+        storage=storage,
     )
     _add_middleware(app, state, origins)
     return app

@@ -598,6 +598,23 @@ RUN_EDITS_SQL = """
 ALTER TABLE cairn_runs ADD COLUMN IF NOT EXISTS edit jsonb;
 """
 
+# Element storage (ui/chainlit/elements.py): the bytes of what a reply showed (a chart's JSON, a
+# report's files) and of kept uploads, by Chainlit's object key, with the user who stored them.
+# The foreign key takes them with their conversation, however it is deleted.
+ELEMENT_FILES_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_element_files (
+    object_key text PRIMARY KEY,
+    thread_id text NOT NULL REFERENCES "Thread"(id) ON DELETE CASCADE,
+    user_id text NOT NULL,
+    mime text NOT NULL,
+    size integer NOT NULL CHECK (size >= 0),
+    data bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS cairn_element_files_thread ON cairn_element_files (thread_id);
+CREATE INDEX IF NOT EXISTS cairn_element_files_user ON cairn_element_files (user_id);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -619,6 +636,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0107_usage", USAGE_SQL),
     Migration("0108_shared_limits", SHARED_LIMITS_SQL),
     Migration("0109_run_edits", RUN_EDITS_SQL),
+    Migration("0110_element_files", ELEMENT_FILES_SQL),
 )
 
 

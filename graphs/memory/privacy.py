@@ -58,6 +58,8 @@ SELECT
   (SELECT count(*) FROM "Element" WHERE "threadId" = ANY(%(t)s)) AS chainlit_elements,
   (SELECT count(*) FROM "Feedback" f JOIN "Step" s ON s.id = f."stepId"
     WHERE s."threadId" = ANY(%(t)s)) AS chainlit_feedback,
+  (SELECT count(*) FROM cairn_element_files
+    WHERE user_id = %(u)s OR thread_id = ANY(%(t)s)) AS element_files,
   (SELECT count(*) FROM procrastinate_jobs WHERE args->>'user_id' = %(u)s) AS jobs,
   (SELECT count(*) FROM memory_dead_letters WHERE user_id = %(u)s) AS dead,
   (SELECT count(*) FROM cairn_retention WHERE user_id = %(u)s) AS retention,
@@ -378,10 +380,12 @@ class Privacy:
             )
         await self._step(report, "memories_deleted")
         async with self.pool.connection() as conn:
-            # ON DELETE CASCADE takes the user's threads, steps, elements and feedback; a
-            # thread Chainlit created without an owner yet (a late step) goes by its id.
+            # ON DELETE CASCADE takes the user's threads, steps, elements (and their bytes) and
+            # feedback; a thread Chainlit created without an owner yet (a late step) goes by its
+            # id, and so do bytes the user stored in a thread of no one's.
             await conn.execute('DELETE FROM "User" WHERE identifier = %s', (user_id,))
             await conn.execute('DELETE FROM "Thread" WHERE id = ANY(%s)', (threads,))
+            await conn.execute("DELETE FROM cairn_element_files WHERE user_id = %s", (user_id,))
             await conn.execute("DELETE FROM memory_dead_letters WHERE user_id = %s", (user_id,))
             await conn.execute("DELETE FROM cairn_retention WHERE user_id = %s", (user_id,))
             # Personal access tokens (auth/tokens.py) and their call log: already refused by

@@ -512,3 +512,20 @@ async def test_a_message_id_already_stored_anywhere_is_refused_before_chainlit_s
     assert sockets.reached == [fresh]
     assert await layer.step_exists(hers["id"])
     assert not await layer.step_exists(fresh["message"]["id"])
+
+
+async def test_a_step_stored_without_output_reopens_with_empty_text(
+    layer: PostgresDataLayer,
+) -> None:
+    owner = await new_user(layer, "alice")
+    thread_id = await new_thread(layer, owner)
+    init_http_context(thread_id=thread_id)
+    # The run step Chainlit wraps on_chat_start in: stored with no output at all.
+    chat_start = step(thread_id, "", type="run", name="on_chat_start", end="now")
+    chat_start["output"] = None
+    await layer.create_step(chat_start)
+
+    thread = await layer.get_thread(thread_id)
+
+    assert thread is not None
+    assert [s["output"] for s in thread["steps"]] == [""]

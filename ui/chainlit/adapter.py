@@ -21,6 +21,8 @@ from ui.chainlit.data_layer import (
     append_message,
     store_edit,
 )
+from ui.chainlit.elements import MAX_ELEMENT_BYTES, PostgresStorageClient
+from ui.chainlit.elements import build_router as build_element_router
 from ui.chainlit.identity import clear_session_cookie
 from ui.chainlit.oauth import LocalOIDCProvider, register_local_provider
 from ui.chainlit.patches.sessions import (
@@ -31,7 +33,14 @@ from ui.chainlit.patches.sessions import (
 )
 from ui.chainlit.request_guard import RequestGuard
 
-__all__ = ["ChainlitChat", "RequestGuard", "bundled_sign_in", "mount"]
+__all__ = [
+    "ChainlitChat",
+    "RequestGuard",
+    "build_element_router",
+    "bundled_sign_in",
+    "element_storage",
+    "mount",
+]
 from ui.chainlit.surface import ChatSurface
 from ui.memory_page import STILL_RUNNING
 
@@ -111,6 +120,16 @@ def bundled_sign_in(
     )
 
 
+def element_storage(settings: Settings, pool: Pool) -> PostgresStorageClient:
+    """Where elements' bytes are kept: what Cairn attaches, and the uploads users may attach
+    (any upload the settings accept is small enough to keep)."""
+    return PostgresStorageClient(
+        pool,
+        mime_types=settings.upload_mime_types,
+        max_element_bytes=max(MAX_ELEMENT_BYTES, settings.max_upload_mb * 1024 * 1024),
+    )
+
+
 def mount(
     app: FastAPI,
     *,
@@ -120,6 +139,7 @@ def mount(
     origins: Sequence[str],
     runtime: Callable[[], AppRuntime],
     pool: Pool,
+    storage: PostgresStorageClient,
 ) -> ChainlitChat:
     """Configure, patch and mount Chainlit; returns the chat port. Call once per app, after
     the bundled sign-in (if any) is registered and before the app serves."""
@@ -138,7 +158,7 @@ def mount(
 
     hooks.register(
         ChatHandlers(runtime, AGENTS, presentations),
-        data_layer=lambda: PostgresDataLayer(pool, on_delete=delete_thread_data),
+        data_layer=lambda: PostgresDataLayer(pool, on_delete=delete_thread_data, storage=storage),
     )
     app.include_router(sign_in.build_router(AGENTS))
     mount_chainlit(app, target=str(Path(hooks.__file__).resolve()), path=CHAINLIT_PATH)

@@ -21,6 +21,7 @@ import psycopg
 from chainlit.context import ChainlitContextException, context
 from chainlit.data.chainlit_data_layer import ISO_FORMAT, ChainlitDataLayer
 from chainlit.data.utils import queue_until_user_message
+from chainlit.element import Element
 from chainlit.step import StepDict
 from chainlit.types import ThreadDict
 from psycopg.rows import dict_row
@@ -37,9 +38,12 @@ from graphs.core.fence import (
     statement_args,
 )
 from graphs.core.fence import statement as fence_statement
+from ui.chainlit.elements import ElementRefused
 from ui.output_guard import sanitise_step
 
 if TYPE_CHECKING:
+    from chainlit.data.storage_clients.base import BaseStorageClient
+
     from graphs.core.persistence import Pool
 
 log = logging.getLogger("cairn.security")
@@ -105,6 +109,9 @@ DATA_LAYER_PINS = {
     "chainlit.data.chainlit_data_layer.ChainlitDataLayer.get_thread": "4f41f49c86cbf01f",
     "chainlit.data.chainlit_data_layer.ChainlitDataLayer.delete_thread": "2e50738dd0c43185",
     "chainlit.data.chainlit_data_layer.ChainlitDataLayer.execute_query": "071081a3100fe41a",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.create_element": "0dc78f91f0333720",
+    "chainlit.data.chainlit_data_layer.ChainlitDataLayer.delete_element": "e0f7f8c94d8d8351",
+    "chainlit.data.storage_clients.base.BaseStorageClient": "ab1941d58e276e8b",
 }
 """The Chainlit code this module relies on (qualified name: digest of its source as checked),
 tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
@@ -142,17 +149,38 @@ def _step_params(step_dict: StepDict) -> dict[str, Any]:
     }
 
 
+def _with_output(step: StepDict) -> StepDict:
+    if step.get("output") is None:
+        step["output"] = ""
+    return step
+
+
 _DELETE_STEP = """
 WITH step AS (
     SELECT id FROM "Step" WHERE id = %(step_id)s AND "threadId" = %(thread_id)s
 ), elements AS (
     DELETE FROM "Element" WHERE "stepId" IN (SELECT id FROM step)
+), files AS (
+    DELETE FROM cairn_element_files WHERE thread_id = %(thread_id)s AND object_key IN (
+        SELECT "objectKey" FROM "Element" WHERE "stepId" IN (SELECT id FROM step))
 ), feedback AS (
     DELETE FROM "Feedback" WHERE "stepId" IN (SELECT id FROM step)
 )
 DELETE FROM "Step" WHERE id IN (SELECT id FROM step)
 """
-"""ChainlitDataLayer.delete_step, limited to the session's own conversation."""
+"""ChainlitDataLayer.delete_step, limited to the session's own conversation, with the bytes of
+the step's elements (ui/chainlit/elements.py)."""
+
+_DELETE_ELEMENT = """
+WITH element AS (
+    DELETE FROM "Element" WHERE id = %(element_id)s AND "threadId" = %(thread_id)s
+    RETURNING "objectKey"
+)
+DELETE FROM cairn_element_files
+WHERE thread_id = %(thread_id)s AND object_key IN (SELECT "objectKey" FROM element)
+"""
+"""ChainlitDataLayer.delete_element, in one conversation only (Chainlit's finds the element in
+any), with its bytes."""
 
 
 def _under(
@@ -233,9 +261,13 @@ class PostgresDataLayer(ChainlitDataLayer):
     """
 
     def __init__(
-        self, pool: Pool, *, on_delete: Callable[[str], Awaitable[None]] | None = None
+        self,
+        pool: Pool,
+        *,
+        on_delete: Callable[[str], Awaitable[None]] | None = None,
+        storage: BaseStorageClient | None = None,
     ) -> None:
-        super().__init__(database_url="")
+        super().__init__(database_url="", storage_client=storage)
         self._pool = pool
         self._on_delete = on_delete
         self.pending = PendingWrites()
@@ -268,10 +300,15 @@ class PostgresDataLayer(ChainlitDataLayer):
             return await cur.fetchall()
 
     async def get_thread(self, thread_id: str) -> ThreadDict | None:
-        """Chainlit's thread, its steps sanitised again (rows stored before sanitising existed)."""
+        """Chainlit's thread, its steps sanitised again (rows stored before sanitising existed).
+
+        A step stored without output (the run step of on_chat_start) comes back with "", as
+        Chainlit sends it live: its UI reads the first step's output as text on resume, and a
+        null there was a page error on every reopened conversation that begins with one.
+        """
         thread = await super().get_thread(thread_id)
         if thread is not None and thread.get("steps"):
-            thread["steps"] = [sanitise_step(step) for step in thread["steps"]]
+            thread["steps"] = [_with_output(sanitise_step(step)) for step in thread["steps"]]
         return thread
 
     async def get_thread_author(self, thread_id: str) -> str:
@@ -414,6 +451,30 @@ class PostgresDataLayer(ChainlitDataLayer):
         self._cancel_deferred(step_id)
         async with self._pool.connection() as conn:
             await conn.execute(_DELETE_STEP, {"step_id": step_id, "thread_id": thread_id})
+
+    @queue_until_user_message()
+    async def create_element(self, element: Element) -> None:
+        """Chainlit's, its bytes kept by the storage client (ui/chainlit/elements.py). One whose
+        bytes are refused is not stored at all: it stays in the live chat only."""
+        try:
+            await super().create_element(element)
+        except (ElementRefused, WriteRefused) as exc:
+            log.warning("element %s (%s) not kept: %s", element.id, element.name, exc)
+        except Exception:
+            # Chainlit runs this in a task nobody awaits: the error would go unreported.
+            log.exception("element %s (%s) could not be stored", element.id, element.name)
+
+    @queue_until_user_message()
+    async def delete_element(self, element_id: str, thread_id: str | None = None) -> None:
+        """An element of the given conversation (else the session's), and its bytes."""
+        if thread_id is None:
+            try:
+                thread_id = context.session.thread_id
+            except ChainlitContextException:
+                log.warning("refused: element %s deleted outside a chat session", element_id)
+                return
+        async with self._pool.connection() as conn:
+            await conn.execute(_DELETE_ELEMENT, {"element_id": element_id, "thread_id": thread_id})
 
     async def delete_thread(self, thread_id: str) -> None:
         """Chainlit's rows, and first everything else the conversation left behind.
