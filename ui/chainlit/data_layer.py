@@ -117,6 +117,19 @@ DATA_LAYER_PINS = {
 tripped by tests/unit/test_chainlit_patches.py when an upgrade changes it."""
 
 
+_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_MARKUP = re.compile(r"(^|\s)#{1,6}\s+|[*_`~>|]+")
+
+
+def plain_title(name: str, *, limit: int = 100) -> str:
+    """A conversation's name as the sidebar shows it: plain text. Chainlit names a conversation
+    after its first message, whose Markdown the sidebar printed as typed (`**`, `#`, links)."""
+    text = _LINK.sub(r"\1", name)
+    text = _MARKUP.sub(" ", text)
+    text = " ".join(text.split())
+    return text[:limit] or "New conversation"
+
+
 def _open_step(step_dict: StepDict) -> bool:
     """A run or tool step as Chainlit's Step.send describes it (dated), not yet finished. The
     undated placeholder Chainlit's create_element makes for an element's missing step is not
@@ -374,6 +387,8 @@ class PostgresDataLayer(ChainlitDataLayer):
         if rows and user_id is not None and rows[0]["userId"] not in (None, user_id):
             log.warning("refused: user row %s tried to take thread %s", user_id, thread_id)
             return
+        if name is not None:
+            name = plain_title(name)
         await super().update_thread(thread_id, name, user_id, metadata, tags)
 
     async def _recently_deleted(self, thread_id: str) -> bool:
