@@ -493,14 +493,25 @@ class Runner:
             await surface.refuse(MALFORMED_ANSWER)
             return RunOutcome("refused", owned=owned)
         value = pending.value if isinstance(pending.value, dict) else {}
+        asked: list[str] = []
+
+        async def asking(question: str, seconds: int) -> str | None:
+            # The buttons go while the user types (a second press would race this answer,
+            # and the pressed one would spin); they come back if the answer is refused.
+            asked.append(question)
+            await surface.clear_prompt(interrupt_id)
+            return await (ask or _no_answer)(question, seconds)
+
         try:
             resume = (
-                await kind.resume_value(decision, value, ask or _no_answer)
+                await kind.resume_value(decision, value, asking)
                 if kind is not None
                 else {"decision": decision}
             )
         except AnswerRejected as exc:  # e.g. an Edit whose text never came: still waiting
             await surface.refuse(str(exc))
+            if asked:
+                await surface.show_interrupt(kind, pending, thread_id)
             return RunOutcome("paused", [pending], owned=owned)
         command: Command[Any] = Command(resume={interrupt_id: resume})
         context = _context(owned, user_id, thread_id)

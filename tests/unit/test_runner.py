@@ -411,6 +411,33 @@ async def test_an_edit_that_never_arrives_keeps_the_question_pending():
     assert outcome.status == "paused"
     assert surface.said[-1] == ("refuse", "No edit arrived.")
     assert [i.id for i in await runner.pending(user_id="alice", thread_id="t1")] == [pending.id]
+    # The buttons went while the edit was asked for, and came back when none arrived.
+    assert surface.cleared == [pending.id]
+    assert surface.questions == [("confirm_memory", pending.id)] * 2
+
+
+async def test_while_an_edit_is_typed_the_questions_buttons_are_off() -> None:
+    runner = make_runner(asking_spec())
+    surface = RecordingSurface()
+    paused = await send(runner, surface, "go", profile="Asking")
+    [pending] = paused.interrupts
+    seen: list[list[str]] = []
+
+    async def reply(question: str, seconds: int) -> str | None:
+        seen.append(list(surface.cleared))
+        return "something else"
+
+    outcome = await runner.answer(
+        surface,
+        user_id="alice",
+        thread_id="t1",
+        interrupt_id=pending.id,
+        decision="edit",
+        ask=reply,
+    )
+
+    assert outcome.status == "done"
+    assert seen == [[pending.id]]  # off before the question was asked
 
 
 async def test_a_thread_keeps_its_agent_whatever_profile_the_client_reports():
