@@ -120,195 +120,208 @@ class WipeBody(BaseModel):
     confirm: str
 
 
+router = APIRouter()
+"""The memory page and its API. Routes are module-level handlers, registered on import."""
+
+
+@router.get("/memory", include_in_schema=False)
+async def page() -> FileResponse:
+    # Static shell, no data: its script asks the API, which needs the session.
+    return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/api/memory")
+async def overview(user_id: CurrentUserId, name: DisplayName, runtime: Runtime) -> dict[str, Any]:
+    memory = _memory(runtime, user_id)
+    settings = await memory.settings()
+    conversations = await _conversations(runtime, user_id)
+    names = {c["id"]: c["name"] for c in conversations}
+    memories = sorted(await memory.all_memories(), key=lambda m: (m.category, m.content))
+    return {
+        "user": user_id,
+        "display_name": name,
+        "category_labels": CATEGORY_LABELS,
+        "settings": {
+            "enabled": settings.enabled,
+            "opted_in": sorted(settings.opted_in),
+            "sensitive_categories": sorted(SENSITIVE_CATEGORIES),
+            "retention_days": await runtime.privacy.retention_days(user_id),
+            "default_retention_days": runtime.settings.retention_days,
+        },
+        "memories": [_memory_json(m, names) for m in memories],
+        "suggestions": await _suggestions(
+            runtime,
+            memory,
+            names,
+            [c["id"] for c in conversations if c["agent"] == "assistant"],
+        ),
+        "conversations": conversations,
+        **await _agent_memories(runtime, user_id, names),
+        "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
+        if runtime.memory_jobs
+        else 0,
+        "usage": await usage_this_month(runtime, user_id),
+    }
+
+
+@router.get("/api/memory/search")
+async def search(
+    user_id: CurrentUserId, runtime: Runtime, q: Annotated[str, Query(max_length=500)] = ""
+) -> dict[str, Any]:
+    if not q.strip():
+        return {"keys": []}
+    found = await _memory(runtime, user_id).search(
+        q, limit=20, threshold=0.2, kinds=("profile", "facts")
+    )
+    return {"keys": [m.key for m in found]}
+
+
+@router.put("/api/memory/items/{key}", dependencies=[Checked])
+async def edit(key: str, body: EditBody, user_id: CurrentUserId, runtime: Runtime) -> Any:
+    try:
+        updated = await edit_memory(_memory(runtime, user_id), key, body.content)
+    except MemoryNotFound:
+        raise _not_found("memory", user_id, key) from None
+    except MemoryRefused as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    names = {c["id"]: c["name"] for c in await _conversations(runtime, user_id)}
+    return _memory_json(updated, names)
+
+
+@router.delete("/api/memory/items/{key}", dependencies=[Checked])
+async def delete(key: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, str]:
+    try:
+        await forget_key(_memory(runtime, user_id), key)
+    except MemoryNotFound:
+        raise _not_found("memory", user_id, key) from None
+    return {"deleted": key}
+
+
+@router.delete("/api/memory/sources/{ident}", dependencies=[Checked])
+async def delete_source(ident: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
+    gone = await _research(runtime, user_id).forget_source(_item_id(ident, "source"))
+    if gone is None:
+        raise _not_found("research source", user_id, ident)
+    return {"deleted": ident, "source": gone.source}
+
+
+@router.delete("/api/memory/plans/{key}", dependencies=[Checked])
+async def delete_plan(key: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
+    if await _plans(runtime, user_id).forget(_item_id(key, "plan example")) is None:
+        raise _not_found("plan example", user_id, key)
+    return {"deleted": key}
+
+
+@router.post("/api/memory/suggestions/{suggestion_id:path}", dependencies=[Checked])
+async def answer(
+    suggestion_id: str, body: DecisionBody, user_id: CurrentUserId, runtime: Runtime
+) -> dict[str, Any]:
+    kind, _, rest = suggestion_id.partition(":")
+    accept = body.decision == "confirm"
+    if kind == SAVED:
+        try:
+            stored = await answer_suggestion(_memory(runtime, user_id), rest, accept=accept)
+        except MemoryNotFound:
+            raise _not_found("suggestion", user_id, suggestion_id) from None
+        return {"stored": stored is not None}
+    if kind == PAUSED:
+        thread_id, _, interrupt_id = rest.partition(":")
+        return await _resume_paused(runtime, user_id, thread_id, interrupt_id, body.decision)
+    raise _not_found("suggestion", user_id, suggestion_id)
+
+
+@router.put("/api/memory/settings", dependencies=[Checked])
+async def save_settings(
+    body: SettingsBody, request: Request, user_id: CurrentUserId, runtime: Runtime
+) -> dict[str, Any]:
+    flag_client_identity(await request.json(), where="memory settings", user_id=user_id)
+    memory = _memory(runtime, user_id)
+    async with memory.locked():
+        await memory.save_settings(
+            MemorySettings(enabled=body.enabled, opted_in=frozenset(body.opted_in))
+        )
+    cancelled = 0
+    if not body.enabled and runtime.memory_jobs is not None:
+        # Off means off: nothing queued may still write.
+        cancelled = await runtime.memory_jobs.cancel_user(user_id=user_id)
+    await runtime.privacy.set_retention_days(user_id, body.retention_days)
+    log.info("memory settings saved user=%s enabled=%s", user_id, body.enabled)
+    return {"saved": True, "cancelled_jobs": cancelled}
+
+
+@router.get("/api/memory/export")
+async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
+    data = await export_memories(
+        _memory(runtime, user_id),
+        research=_research(runtime, user_id),
+        plans=_plans(runtime, user_id),
+    )
+    # Every time support opened or forked one of the user's conversations (README).
+    data["support_access"] = (
+        await runtime.support_audit.for_owner(user_id) if runtime.support_audit else []
+    )
+    stamp = datetime.now(UTC).strftime("%Y%m%d")
+    return JSONResponse(
+        data,
+        headers={
+            "Content-Disposition": f'attachment; filename="cairn-memories-{stamp}.json"',
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+@router.post("/api/conversations/{thread_id}/delete", dependencies=[Checked])
+async def delete_conversation(
+    thread_id: str, body: DeleteConversationBody, user_id: CurrentUserId, runtime: Runtime
+) -> dict[str, Any]:
+    try:
+        done = await runtime.privacy.delete_conversation(
+            user_id=user_id, thread_id=thread_id, forget=body.forget
+        )
+    except ThreadNotFound:
+        raise HTTPException(status_code=404, detail="Conversation not found") from None
+    except ThreadBusy:
+        raise HTTPException(status_code=409, detail=STILL_RUNNING) from None
+    return {"deleted": done.thread_id, "forgotten": done.forgotten}
+
+
+@router.post("/api/account/wipe", dependencies=[Checked])
+async def wipe(
+    body: WipeBody,
+    request: Request,
+    response: Response,
+    user_id: CurrentUserId,
+    runtime: Runtime,
+) -> dict[str, Any]:
+    if body.confirm.strip().lower() != WIPE_PHRASE:
+        raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
+    report = await runtime.privacy.wipe_account(user_id)
+    await runtime.port.end_sessions(user_id)
+    runtime.port.sign_out(request, response)
+    return {
+        "wipe_id": report.wipe_id,
+        "counts": report.counts,
+        "verified": report.verified,
+        "leftovers": report.leftovers,
+    }
+
+
+@router.post("/api/account/sign-out-everywhere", dependencies=[Checked])
+async def sign_out_everywhere(
+    request: Request, response: Response, user_id: CurrentUserId, runtime: Runtime
+) -> dict[str, Any]:
+    """Every session of the account ends on every worker, this one included, and so does
+    every access token (a stolen session could have made one)."""
+    if runtime.revocations is None or runtime.tokens is None:
+        raise HTTPException(status_code=503, detail="Cairn is still starting")
+    await runtime.revocations.revoke(user_id)  # every worker ends its live chats (NOTIFY)
+    revoked = await runtime.tokens.revoke_all(user_id)
+    runtime.port.sign_out(request, response)
+    return {"signed_out": True, "tokens_revoked": revoked}
+
+
 def build_router() -> APIRouter:
     """The memory page and its API."""
-    router = APIRouter()
-
-    @router.get("/memory", include_in_schema=False)
-    async def page() -> FileResponse:
-        # Static shell, no data: its script asks the API, which needs the session.
-        return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
-
-    @router.get("/api/memory")
-    async def overview(
-        user_id: CurrentUserId, name: DisplayName, runtime: Runtime
-    ) -> dict[str, Any]:
-        memory = _memory(runtime, user_id)
-        settings = await memory.settings()
-        conversations = await _conversations(runtime, user_id)
-        names = {c["id"]: c["name"] for c in conversations}
-        memories = sorted(await memory.all_memories(), key=lambda m: (m.category, m.content))
-        return {
-            "user": user_id,
-            "display_name": name,
-            "category_labels": CATEGORY_LABELS,
-            "settings": {
-                "enabled": settings.enabled,
-                "opted_in": sorted(settings.opted_in),
-                "sensitive_categories": sorted(SENSITIVE_CATEGORIES),
-                "retention_days": await runtime.privacy.retention_days(user_id),
-                "default_retention_days": runtime.settings.retention_days,
-            },
-            "memories": [_memory_json(m, names) for m in memories],
-            "suggestions": await _suggestions(
-                runtime,
-                memory,
-                names,
-                [c["id"] for c in conversations if c["agent"] == "assistant"],
-            ),
-            "conversations": conversations,
-            **await _agent_memories(runtime, user_id, names),
-            "pending_jobs": len(await runtime.memory_jobs.pending(user_id=user_id))
-            if runtime.memory_jobs
-            else 0,
-            "usage": await usage_this_month(runtime, user_id),
-        }
-
-    @router.get("/api/memory/search")
-    async def search(
-        user_id: CurrentUserId, runtime: Runtime, q: Annotated[str, Query(max_length=500)] = ""
-    ) -> dict[str, Any]:
-        if not q.strip():
-            return {"keys": []}
-        found = await _memory(runtime, user_id).search(
-            q, limit=20, threshold=0.2, kinds=("profile", "facts")
-        )
-        return {"keys": [m.key for m in found]}
-
-    @router.put("/api/memory/items/{key}", dependencies=[Checked])
-    async def edit(key: str, body: EditBody, user_id: CurrentUserId, runtime: Runtime) -> Any:
-        try:
-            updated = await edit_memory(_memory(runtime, user_id), key, body.content)
-        except MemoryNotFound:
-            raise _not_found("memory", user_id, key) from None
-        except MemoryRefused as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        names = {c["id"]: c["name"] for c in await _conversations(runtime, user_id)}
-        return _memory_json(updated, names)
-
-    @router.delete("/api/memory/items/{key}", dependencies=[Checked])
-    async def delete(key: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, str]:
-        try:
-            await forget_key(_memory(runtime, user_id), key)
-        except MemoryNotFound:
-            raise _not_found("memory", user_id, key) from None
-        return {"deleted": key}
-
-    @router.delete("/api/memory/sources/{ident}", dependencies=[Checked])
-    async def delete_source(ident: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
-        gone = await _research(runtime, user_id).forget_source(_item_id(ident, "source"))
-        if gone is None:
-            raise _not_found("research source", user_id, ident)
-        return {"deleted": ident, "source": gone.source}
-
-    @router.delete("/api/memory/plans/{key}", dependencies=[Checked])
-    async def delete_plan(key: str, user_id: CurrentUserId, runtime: Runtime) -> Any:
-        if await _plans(runtime, user_id).forget(_item_id(key, "plan example")) is None:
-            raise _not_found("plan example", user_id, key)
-        return {"deleted": key}
-
-    @router.post("/api/memory/suggestions/{suggestion_id:path}", dependencies=[Checked])
-    async def answer(
-        suggestion_id: str, body: DecisionBody, user_id: CurrentUserId, runtime: Runtime
-    ) -> dict[str, Any]:
-        kind, _, rest = suggestion_id.partition(":")
-        accept = body.decision == "confirm"
-        if kind == SAVED:
-            try:
-                stored = await answer_suggestion(_memory(runtime, user_id), rest, accept=accept)
-            except MemoryNotFound:
-                raise _not_found("suggestion", user_id, suggestion_id) from None
-            return {"stored": stored is not None}
-        if kind == PAUSED:
-            thread_id, _, interrupt_id = rest.partition(":")
-            return await _resume_paused(runtime, user_id, thread_id, interrupt_id, body.decision)
-        raise _not_found("suggestion", user_id, suggestion_id)
-
-    @router.put("/api/memory/settings", dependencies=[Checked])
-    async def save_settings(
-        body: SettingsBody, request: Request, user_id: CurrentUserId, runtime: Runtime
-    ) -> dict[str, Any]:
-        flag_client_identity(await request.json(), where="memory settings", user_id=user_id)
-        memory = _memory(runtime, user_id)
-        async with memory.locked():
-            await memory.save_settings(
-                MemorySettings(enabled=body.enabled, opted_in=frozenset(body.opted_in))
-            )
-        cancelled = 0
-        if not body.enabled and runtime.memory_jobs is not None:
-            # Off means off: nothing queued may still write.
-            cancelled = await runtime.memory_jobs.cancel_user(user_id=user_id)
-        await runtime.privacy.set_retention_days(user_id, body.retention_days)
-        log.info("memory settings saved user=%s enabled=%s", user_id, body.enabled)
-        return {"saved": True, "cancelled_jobs": cancelled}
-
-    @router.get("/api/memory/export")
-    async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
-        data = await export_memories(
-            _memory(runtime, user_id),
-            research=_research(runtime, user_id),
-            plans=_plans(runtime, user_id),
-        )
-        # Every time support opened or forked one of the user's conversations (README).
-        data["support_access"] = (
-            await runtime.support_audit.for_owner(user_id) if runtime.support_audit else []
-        )
-        stamp = datetime.now(UTC).strftime("%Y%m%d")
-        return JSONResponse(
-            data,
-            headers={
-                "Content-Disposition": f'attachment; filename="cairn-memories-{stamp}.json"',
-                "Cache-Control": "no-store",
-            },
-        )
-
-    @router.post("/api/conversations/{thread_id}/delete", dependencies=[Checked])
-    async def delete_conversation(
-        thread_id: str, body: DeleteConversationBody, user_id: CurrentUserId, runtime: Runtime
-    ) -> dict[str, Any]:
-        try:
-            done = await runtime.privacy.delete_conversation(
-                user_id=user_id, thread_id=thread_id, forget=body.forget
-            )
-        except ThreadNotFound:
-            raise HTTPException(status_code=404, detail="Conversation not found") from None
-        except ThreadBusy:
-            raise HTTPException(status_code=409, detail=STILL_RUNNING) from None
-        return {"deleted": done.thread_id, "forgotten": done.forgotten}
-
-    @router.post("/api/account/wipe", dependencies=[Checked])
-    async def wipe(
-        body: WipeBody,
-        request: Request,
-        response: Response,
-        user_id: CurrentUserId,
-        runtime: Runtime,
-    ) -> dict[str, Any]:
-        if body.confirm.strip().lower() != WIPE_PHRASE:
-            raise HTTPException(status_code=422, detail=f'Type "{WIPE_PHRASE}" to confirm.')
-        report = await runtime.privacy.wipe_account(user_id)
-        await runtime.port.end_sessions(user_id)
-        runtime.port.sign_out(request, response)
-        return {
-            "wipe_id": report.wipe_id,
-            "counts": report.counts,
-            "verified": report.verified,
-            "leftovers": report.leftovers,
-        }
-
-    @router.post("/api/account/sign-out-everywhere", dependencies=[Checked])
-    async def sign_out_everywhere(
-        request: Request, response: Response, user_id: CurrentUserId, runtime: Runtime
-    ) -> dict[str, Any]:
-        """Every session of the account ends on every worker, this one included, and so does
-        every access token (a stolen session could have made one)."""
-        if runtime.revocations is None or runtime.tokens is None:
-            raise HTTPException(status_code=503, detail="Cairn is still starting")
-        await runtime.revocations.revoke(user_id)  # every worker ends its live chats (NOTIFY)
-        revoked = await runtime.tokens.revoke_all(user_id)
-        runtime.port.sign_out(request, response)
-        return {"signed_out": True, "tokens_revoked": revoked}
-
     return router
 
 

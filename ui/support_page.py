@@ -117,88 +117,93 @@ def _audit_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+router = APIRouter()
+"""The support pages; they use the memory page's runtime (ui/memory_page.build_router). Routes are module-level handlers, registered on import."""
+
+
+@router.get("/support", include_in_schema=False)
+async def index(actor: SupportUserId) -> HTMLResponse:
+    return _page(
+        "Open a conversation",
+        "<form method='get' action='/support/open' class='card'>"
+        "<label>Conversation id <input name='thread_id' required maxlength='100'></label>"
+        "<button type='submit'>Open its history</button></form>"
+        "<p class='hint'>Opening a conversation is recorded, and its owner is told.</p>",
+    )
+
+
+@router.get("/support/open", include_in_schema=False)
+async def open_thread(actor: SupportUserId, thread_id: str = "") -> RedirectResponse:
+    return RedirectResponse(f"/support/threads/{quote(thread_id.strip()[:100], safe='')}", 303)
+
+
+@router.get("/support/threads/{thread_id}", include_in_schema=False)
+async def thread_page(thread_id: str, actor: SupportUserId, runtime: Runtime) -> HTMLResponse:
+    owner, owned, graph = await _thread(runtime, thread_id)
+    await _audit(runtime, AuditEntry(actor, owner, thread_id, "history"))
+    rows = "".join(
+        f"<tr data-checkpoint='{_e(c.checkpoint_id)}'>"
+        f"<td><a href='/support/threads/{_e(thread_id)}/checkpoints/{_e(c.checkpoint_id)}'>"
+        f"{_e(c.checkpoint_id)}</a></td><td>{_e(c.step)}</td><td>{_e(c.node)}</td>"
+        f"<td>{_e(', '.join(c.next))}</td><td>{_e(c.created_at or '')}</td>"
+        f"<td>{_e(json.dumps(c.summary, ensure_ascii=False))}</td></tr>"
+        for c in await history(graph, thread_id)
+    )
+    assert runtime.support_audit is not None
+    audit = await runtime.support_audit.for_thread(thread_id)
+    return _page(
+        "Conversation history",
+        f"<p>Conversation <code>{_e(thread_id)}</code> of <code>{_e(owner)}</code>, "
+        f"agent {_e(owned.agent)}{' (temporary chat)' if owned.temporary else ''}. "
+        "Newest checkpoint first; every branch is listed.</p>"
+        "<table id='checkpoints'><tr><th>checkpoint</th><th>step</th><th>written by</th>"
+        f"<th>next</th><th>time</th><th>state</th></tr>{rows}</table>" + _audit_table(audit),
+    )
+
+
+@router.get("/support/threads/{thread_id}/checkpoints/{checkpoint}", include_in_schema=False)
+async def checkpoint_page(
+    thread_id: str, checkpoint: str, actor: SupportUserId, runtime: Runtime
+) -> HTMLResponse:
+    owner, _owned, graph = await _thread(runtime, thread_id)
+    snapshot = await snapshot_at(graph, thread_id, checkpoint)
+    if snapshot is None:
+        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    await _audit(
+        runtime,
+        AuditEntry(
+            actor,
+            owner,
+            thread_id,
+            "state",
+            checkpoint_id=checkpoint,
+            before_digest=state_digest(snapshot.values),
+        ),
+    )
+    shown = jsonable(visible(snapshot.values))
+    return _page(
+        "Checkpoint",
+        f"<p>Checkpoint <code>{_e(checkpoint)}</code> of conversation "
+        f"<a href='/support/threads/{_e(thread_id)}'>{_e(thread_id)}</a>; next: "
+        f"{_e(', '.join(snapshot.next) or '(finished)')}; digest "
+        f"<code>{_e(state_digest(snapshot.values))}</code>.</p>"
+        f"<h2>Summary</h2><pre id='summary'>"
+        f"{_e(json.dumps(summarise(snapshot.values), indent=2, ensure_ascii=False))}</pre>"
+        f"<h2>State</h2><pre id='state'>"
+        f"{_e(json.dumps(shown, indent=2, ensure_ascii=False))}</pre>"
+        + _fork_form(thread_id, checkpoint, snapshot.values),
+    )
+
+
+@router.post("/support/threads/{thread_id}/checkpoints/{checkpoint}/fork", dependencies=[Checked])
+async def fork(
+    thread_id: str, checkpoint: str, body: ForkBody, actor: SupportUserId, runtime: Runtime
+) -> dict[str, Any]:
+    return await _fork(runtime, actor, thread_id, checkpoint, body)
+
+
 def build_router() -> APIRouter:
     """The support pages; they use the memory page's runtime (ui/memory_page.build_router)."""
-    router = APIRouter()
-
-    @router.get("/support", include_in_schema=False)
-    async def index(actor: SupportUserId) -> HTMLResponse:
-        return _page(
-            "Open a conversation",
-            "<form method='get' action='/support/open' class='card'>"
-            "<label>Conversation id <input name='thread_id' required maxlength='100'></label>"
-            "<button type='submit'>Open its history</button></form>"
-            "<p class='hint'>Opening a conversation is recorded, and its owner is told.</p>",
-        )
-
-    @router.get("/support/open", include_in_schema=False)
-    async def open_thread(actor: SupportUserId, thread_id: str = "") -> RedirectResponse:
-        return RedirectResponse(f"/support/threads/{quote(thread_id.strip()[:100], safe='')}", 303)
-
-    @router.get("/support/threads/{thread_id}", include_in_schema=False)
-    async def thread_page(thread_id: str, actor: SupportUserId, runtime: Runtime) -> HTMLResponse:
-        owner, owned, graph = await _thread(runtime, thread_id)
-        await _audit(runtime, AuditEntry(actor, owner, thread_id, "history"))
-        rows = "".join(
-            f"<tr data-checkpoint='{_e(c.checkpoint_id)}'>"
-            f"<td><a href='/support/threads/{_e(thread_id)}/checkpoints/{_e(c.checkpoint_id)}'>"
-            f"{_e(c.checkpoint_id)}</a></td><td>{_e(c.step)}</td><td>{_e(c.node)}</td>"
-            f"<td>{_e(', '.join(c.next))}</td><td>{_e(c.created_at or '')}</td>"
-            f"<td>{_e(json.dumps(c.summary, ensure_ascii=False))}</td></tr>"
-            for c in await history(graph, thread_id)
-        )
-        assert runtime.support_audit is not None
-        audit = await runtime.support_audit.for_thread(thread_id)
-        return _page(
-            "Conversation history",
-            f"<p>Conversation <code>{_e(thread_id)}</code> of <code>{_e(owner)}</code>, "
-            f"agent {_e(owned.agent)}{' (temporary chat)' if owned.temporary else ''}. "
-            "Newest checkpoint first; every branch is listed.</p>"
-            "<table id='checkpoints'><tr><th>checkpoint</th><th>step</th><th>written by</th>"
-            f"<th>next</th><th>time</th><th>state</th></tr>{rows}</table>" + _audit_table(audit),
-        )
-
-    @router.get("/support/threads/{thread_id}/checkpoints/{checkpoint}", include_in_schema=False)
-    async def checkpoint_page(
-        thread_id: str, checkpoint: str, actor: SupportUserId, runtime: Runtime
-    ) -> HTMLResponse:
-        owner, _owned, graph = await _thread(runtime, thread_id)
-        snapshot = await snapshot_at(graph, thread_id, checkpoint)
-        if snapshot is None:
-            raise HTTPException(status_code=404, detail=NOT_FOUND)
-        await _audit(
-            runtime,
-            AuditEntry(
-                actor,
-                owner,
-                thread_id,
-                "state",
-                checkpoint_id=checkpoint,
-                before_digest=state_digest(snapshot.values),
-            ),
-        )
-        shown = jsonable(visible(snapshot.values))
-        return _page(
-            "Checkpoint",
-            f"<p>Checkpoint <code>{_e(checkpoint)}</code> of conversation "
-            f"<a href='/support/threads/{_e(thread_id)}'>{_e(thread_id)}</a>; next: "
-            f"{_e(', '.join(snapshot.next) or '(finished)')}; digest "
-            f"<code>{_e(state_digest(snapshot.values))}</code>.</p>"
-            f"<h2>Summary</h2><pre id='summary'>"
-            f"{_e(json.dumps(summarise(snapshot.values), indent=2, ensure_ascii=False))}</pre>"
-            f"<h2>State</h2><pre id='state'>"
-            f"{_e(json.dumps(shown, indent=2, ensure_ascii=False))}</pre>"
-            + _fork_form(thread_id, checkpoint, snapshot.values),
-        )
-
-    @router.post(
-        "/support/threads/{thread_id}/checkpoints/{checkpoint}/fork", dependencies=[Checked]
-    )
-    async def fork(
-        thread_id: str, checkpoint: str, body: ForkBody, actor: SupportUserId, runtime: Runtime
-    ) -> dict[str, Any]:
-        return await _fork(runtime, actor, thread_id, checkpoint, body)
-
     return router
 
 
