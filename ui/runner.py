@@ -204,6 +204,9 @@ class AgentSpec:
     """The agent as an MCP tool (and a scope on access tokens); None: chat only."""
     routes: Callable[[Settings], APIRouter] | None = None
     """Extra HTTP routes the agent's pages need, mounted at start-up."""
+    signals: Callable[[dict[str, Any], RunUsage], Mapping[str, float]] | None = None
+    """Quality figures of a finished run for /metrics (cairn_run_signals), from its final
+    state and what it used; read only for agents that declare it (one state read a run)."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None
@@ -795,6 +798,7 @@ class Runner:
         if meter is not None:
             outcome.usage = meter.usage
             await surface.usage(meter.usage)
+            await self._observe(spec, graph, context, outcome.status, meter.usage)
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
@@ -841,6 +845,30 @@ class Runner:
             log.info("%s run refused: its user has %s runs going", spec.key, cap)
             return str(exc)
         return None
+
+    async def _observe(
+        self, spec: AgentSpec, graph: Any, context: Context, status: Status, usage: RunUsage
+    ) -> None:
+        """A run's cost and quality figures, for /metrics."""
+        metrics.observe_run_usage(
+            spec.key,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=usage.cost,
+            model_calls=usage.model_calls,
+            tool_calls=usage.tool_calls,
+            tool_errors=usage.tool_errors,
+        )
+        if spec.signals is None or status != "done":
+            return
+        try:
+            state = await graph.aget_state(_config(context.thread_id, spec))
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("signals of a %s run not read: %s", spec.key, exc)
+            return
+        metrics.observe_run_signals(spec.key, spec.signals(state.values, usage))
 
     async def _settle(
         self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float
