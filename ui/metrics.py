@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from graphs.core.metrics import exposition
+from graphs.core.metrics import SlowFigures, exposition
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +28,7 @@ def authorized(header: str | None, token: str) -> bool:
 def build_router(token: str | None, pool: Callable[[], Pool]) -> APIRouter:
     """`pool` is read per scrape (the worker's pool, once it has started)."""
     router = APIRouter()
+    slow = SlowFigures()
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
@@ -37,6 +38,6 @@ def build_router(token: str | None, pool: Callable[[], Pool]) -> APIRouter:
             return PlainTextResponse(
                 "Unauthorized", status_code=401, headers={"WWW-Authenticate": "Bearer"}
             )
-        return Response(await exposition(pool()), media_type=CONTENT_TYPE_LATEST)
+        return Response(await exposition(pool(), slow), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -25,6 +25,7 @@ from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread,
 from graphs.core import fence, metrics
 from graphs.core.context import Context
 from graphs.core.errors import is_database_outage
+from graphs.core.ratelimit import limited
 from graphs.core.runlock import ThreadBusy
 from graphs.core.runs import (
     DURABILITY,
@@ -33,6 +34,7 @@ from graphs.core.runs import (
     EditedMessage,
     RunJournal,
     StrandedRun,
+    TooManyRuns,
 )
 from graphs.core.timetravel import (
     checkpoint_id,
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from langgraph.types import Interrupt, StateSnapshot, StreamMode
 
     from graphs.core.persistence import Pool
+    from graphs.core.ratelimit import Bucket
     from graphs.core.settings import Settings
     from graphs.core.tracing import Tracing
     from graphs.core.usage import UsageLedger
@@ -215,6 +218,9 @@ class AgentSpec:
     """Extra HTTP routes the agent's pages need, mounted at start-up."""
     starters: tuple[Starter, ...] = ()
     """Suggested first messages, shown on the empty chat (two or three that work offline)."""
+    signals: Callable[[dict[str, Any], RunUsage], Mapping[str, float]] | None = None
+    """Quality figures of a finished run for /metrics (cairn_run_signals), from its final
+    state and what it used; read only for agents that declare it (one state read a run)."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None
@@ -328,6 +334,8 @@ class Runner:
         tracing: Tracing | None = None,
         fork_points: ForkPoints | None = None,
         usage: UsageLedger | None = None,
+        model_calls: Bucket | None = None,
+        max_runs_per_user: int = 0,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -350,6 +358,12 @@ class Runner:
         self.usage = usage
         """Every run's model use in Postgres, and the monthly budget it is admitted against
         (None: neither)."""
+        self.model_calls = model_calls
+        """The provider key's token bucket, taken before each model call of a run (None: not
+        limited)."""
+        self.max_runs_per_user = max_runs_per_user
+        """Runs one user may have going at once across workers, counted in the run journal
+        (0: no limit)."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -811,33 +825,41 @@ class Runner:
                     metrics.observe_refusal(spec.key, "budget")
                     await surface.refuse(admission)
                     return RunOutcome("refused", owned=owned)
-                if answering is not None:
-                    await surface.clear_prompt(answering)
-                config = await self._start_config(graph, spec, context.thread_id, start)
-                if config is None:
-                    await self._settle(admission, None, "not_found", time.perf_counter())
-                    await surface.refuse(NOT_FOUND)
-                    return RunOutcome("not_found", owned=owned)
-                if message_id is not None and self.fork_points is not None:
-                    # None: the thread's head, which this run (holding the lock) starts from.
-                    await self.fork_points.record(
-                        context.thread_id, message_id, checkpoint_id(config)
-                    )
-                if self.journal is not None:
-                    await self.journal.started(
-                        thread_id=context.thread_id,
-                        user_id=context.user_id,
-                        agent=spec.key,
-                        edit=edit,
-                    )
-                if on_fork is not None:
-                    await on_fork()
-                meter = self.usage.meter() if self.usage is not None else None
-                started = time.perf_counter()
+                refusal = await self._journal_started(spec, context, budgeted=budgeted, edit=edit)
+                if refusal is not None:  # the user's other runs: this question stays pending
+                    metrics.observe_refusal(spec.key, "too_many_runs")
+                    await self._settle(admission, None, "refused", time.perf_counter())
+                    await surface.refuse(refusal)
+                    return RunOutcome("refused", owned=owned)
                 try:
+                    if answering is not None:
+                        await surface.clear_prompt(answering)
+                    try:
+                        config = await self._start_config(graph, spec, context.thread_id, start)
+                    except ThreadBusy:  # an edit overtaken by another run: nothing changes
+                        await self._settle(admission, None, "refused", time.perf_counter())
+                        await self._stopped(context.thread_id)
+                        raise
+                    if config is None:
+                        await self._settle(admission, None, "not_found", time.perf_counter())
+                        await self._stopped(context.thread_id)
+                        await surface.refuse(NOT_FOUND)
+                        return RunOutcome("not_found", owned=owned)
+                    if message_id is not None and self.fork_points is not None:
+                        # None: the thread's head, which this run (holding the lock) starts from.
+                        await self.fork_points.record(
+                            context.thread_id, message_id, checkpoint_id(config)
+                        )
+                    if on_fork is not None:  # the edit is on record: the chat may show it
+                        await on_fork()
+                    meter = self.usage.meter() if self.usage is not None else None
+                    started = time.perf_counter()
                     # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
                     try:
-                        with metered(meter) if meter is not None else nullcontext():
+                        with (
+                            metered(meter) if meter is not None else nullcontext(),
+                            limited(self.model_calls),
+                        ):
                             outcome = await self._stream(
                                 surface, spec, graph, inputs, context, config, message_id=message_id
                             )
@@ -879,6 +901,7 @@ class Runner:
         if meter is not None:
             outcome.usage = meter.usage
             await surface.usage(meter.usage)
+            await self._observe(spec, graph, context, outcome.status, meter.usage)
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id
@@ -907,6 +930,57 @@ class Runner:
         except OverBudget as exc:
             log.info("%s run refused: user over their monthly budget", spec.key)
             return str(exc)
+
+    async def _journal_started(
+        self,
+        spec: AgentSpec,
+        context: Context,
+        *,
+        budgeted: bool,
+        edit: EditedMessage | None = None,
+    ) -> str | None:
+        """The run is recorded as going (for a live worker to resume if this one dies); the
+        refusal's text when its user already has `max_runs_per_user` runs going. A run
+        continued after its worker died (not `budgeted`) was admitted already: never refused."""
+        if self.journal is None:
+            return None
+        cap = self.max_runs_per_user if budgeted and self.max_runs_per_user > 0 else None
+        try:
+            await self.journal.started(
+                thread_id=context.thread_id,
+                user_id=context.user_id,
+                agent=spec.key,
+                edit=edit,
+                cap=cap,
+            )
+        except TooManyRuns as exc:
+            log.info("%s run refused: its user has %s runs going", spec.key, cap)
+            return str(exc)
+        return None
+
+    async def _observe(
+        self, spec: AgentSpec, graph: Any, context: Context, status: Status, usage: RunUsage
+    ) -> None:
+        """A run's cost and quality figures, for /metrics."""
+        metrics.observe_run_usage(
+            spec.key,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=usage.cost,
+            model_calls=usage.model_calls,
+            tool_calls=usage.tool_calls,
+            tool_errors=usage.tool_errors,
+        )
+        if spec.signals is None or status != "done":
+            return
+        try:
+            state = await graph.aget_state(_config(context.thread_id, spec))
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("signals of a %s run not read: %s", spec.key, exc)
+            return
+        metrics.observe_run_signals(spec.key, spec.signals(state.values, usage))
 
     async def _settle(
         self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float

@@ -24,6 +24,7 @@ from graphs.core.persistence import (
     start_embedded_postgres,
 )
 from graphs.core.prune import CheckpointPruner
+from graphs.core.ratelimit import model_call_bucket
 from graphs.core.runlock import ThreadRunLocks
 from graphs.core.runs import RunJournal, heartbeat_forever
 from graphs.core.timetravel import MessageCheckpoints, SupportAudit
@@ -182,6 +183,8 @@ async def start(runtime: AppRuntime) -> None:
         tracing=runtime.tracing,
         fork_points=MessageCheckpoints(runtime.pool),
         usage=runtime.usage,
+        model_calls=model_call_bucket(runtime.pool, runtime.settings),
+        max_runs_per_user=runtime.settings.max_runs_per_user,
     )
     runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
@@ -303,6 +306,7 @@ async def _start_memory_jobs(runtime: AppRuntime, persistence: Persistence) -> M
         load_messages=memory_loader(runtime.pool, runtime.graphs, runtime.agents),
         idle_seconds=settings.memory_idle_seconds,
         max_attempts=settings.memory_job_attempts,
+        model_calls=model_call_bucket(runtime.pool, settings),
     )
     await jobs.open()
     return jobs

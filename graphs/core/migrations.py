@@ -576,7 +576,8 @@ CREATE TABLE IF NOT EXISTS cairn_usage_months (
 """
 
 # Limits shared by every worker.
-# - cairn_rate_buckets: a token bucket per outside service (graphs/tools/ratelimit.py).
+# - cairn_rate_buckets: a token bucket per outside service and per model provider key
+#   (graphs/core/ratelimit.py).
 # - cairn_slots: work running at once, a leased row per holder and key (graphs/core/slots.py).
 SHARED_LIMITS_SQL = """
 CREATE TABLE IF NOT EXISTS cairn_rate_buckets (

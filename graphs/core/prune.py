@@ -256,8 +256,17 @@ class CheckpointPruner:
 
     async def run(self) -> PruneReport:
         """Every thread with checkpoints past the age not yet pruned, up to max_threads."""
-        cutoff = datetime.now(UTC) - self.after
         report = PruneReport()
+        try:
+            await self._run(report)
+        except Exception:
+            metrics.observe_prune_run("failed", threads=report.threads, busy=report.busy)
+            raise
+        metrics.observe_prune_run("done", threads=report.threads, busy=report.busy)
+        return report
+
+    async def _run(self, report: PruneReport) -> None:
+        cutoff = datetime.now(UTC) - self.after
         after = ""
         while report.threads + report.busy < self.max_threads:
             batch = await self._candidates(cutoff, after)
@@ -268,7 +277,6 @@ class CheckpointPruner:
             after = batch[-1][0]
         if report.checkpoints:
             log.info("checkpoint pruning: %s", report)
-        return report
 
     async def _candidates(self, cutoff: datetime, after: str) -> list[tuple[str, str]]:
         async with self.pool.connection() as conn:

@@ -144,6 +144,27 @@ skipped, not waited for. The lapsed leases go in the same statement (a revived w
 row again)."""
 
 
+_USER_LOCK = "SELECT pg_advisory_xact_lock(hashtext('cairn-runs-of:' || %(user)s))"
+_LIVE_OF_USER = (
+    "SELECT count(*) AS n FROM cairn_runs WHERE user_id = %(user)s AND status = 'running' "  # noqa: S608 (constants only)
+    f"AND thread_id <> %(thread)s AND heartbeat_at >= {_STALE}"
+)
+"""The user's other runs going now: a dead worker's row stops counting once its heartbeat is
+stale (a run resumed from it counts again, beaten by the worker that took it)."""
+
+
+class TooManyRuns(Exception):
+    """A run refused before it started: its user already has the most runs going at once."""
+
+
+def too_many_runs(cap: int) -> str:
+    runs = "run" if cap == 1 else "runs"
+    return (
+        f"Not started: you already have {cap} {runs} going at once, the most allowed. "
+        "Send this again when one of them has finished."
+    )
+
+
 class RunJournal:
     """The cairn_runs table (a row per thread while a run works on it) and this worker's lease
     in cairn_workers."""
@@ -157,15 +178,38 @@ class RunJournal:
         live worker's run and found it busy must not keep it alive once that worker dies."""
 
     async def started(
-        self, *, thread_id: str, user_id: str, agent: str, edit: EditedMessage | None = None
+        self,
+        *,
+        thread_id: str,
+        user_id: str,
+        agent: str,
+        edit: EditedMessage | None = None,
+        cap: int | None = None,
     ) -> None:
         """Called under the thread's run lock: this worker now runs the thread (refused once
         the user's data was wiped: graphs.core.fence). Committed when this returns, so an
-        edit's fork is on record before anything shows it."""
-        args = {"thread": thread_id, "user": user_id, "agent": agent, "worker": self.worker}
-        edited = {"edit": edit.to_json() if edit is not None else None}
-        async with fence.statement(self.pool) as conn:
-            await conn.execute(_STARTED, args | edited | fence.statement_args())
+        edit's fork is on record before anything shows it. With a `cap`, TooManyRuns when the
+        user already has that many other runs going, on any worker: the user's runs are counted
+        and this one recorded under a lock on the user, so two workers admit theirs in turn."""
+        args: dict[str, Any] = {
+            "thread": thread_id,
+            "user": user_id,
+            "agent": agent,
+            "worker": self.worker,
+            "edit": edit.to_json() if edit is not None else None,
+        }
+        args |= fence.statement_args() | {"stale": STALE_S}
+        if cap is None:
+            async with fence.statement(self.pool) as conn:
+                await conn.execute(_STARTED, args)
+        else:
+            async with fence.statement(self.pool) as conn, conn.transaction():
+                # Separate statements: each sees what committed before the lock was taken.
+                await conn.execute(_USER_LOCK, args)
+                cur = await conn.execute(_LIVE_OF_USER, args)
+                if (await cur.fetchone() or {"n": 0})["n"] >= cap:
+                    raise TooManyRuns(too_many_runs(cap))
+                await conn.execute(_STARTED, args)
         self._running.add(thread_id)
 
     def released(self, thread_id: str) -> None:

@@ -21,6 +21,7 @@ is the library's saver.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -41,7 +42,7 @@ from psycopg import AsyncCursor
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from graphs.core import fence
+from graphs.core import fence, metrics
 
 _writing: ContextVar[bool] = ContextVar("cairn_saver_writing", default=False)
 
@@ -170,10 +171,12 @@ class CairnSaver(AsyncPostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         token = _writing.set(True)
+        started = time.perf_counter()
         try:
             return await self._put(config, _without_nul(checkpoint), metadata, new_versions)
         finally:
             _writing.reset(token)
+            metrics.observe_checkpoint_write("checkpoint", time.perf_counter() - started)
 
     async def _put(
         self,
@@ -233,10 +236,12 @@ class CairnSaver(AsyncPostgresSaver):
         task_path: str = "",
     ) -> None:
         token = _writing.set(True)
+        started = time.perf_counter()
         try:
             await self._put_writes(config, writes, task_id, task_path)
         finally:
             _writing.reset(token)
+            metrics.observe_checkpoint_write("writes", time.perf_counter() - started)
 
     async def _put_writes(
         self,

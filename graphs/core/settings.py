@@ -93,6 +93,11 @@ class Settings(BaseSettings):
     model_memory_writer: str = "gpt-4.1-mini"
     model_timeout_s: float = 60.0
     model_max_retries: int = 2
+    model_calls_per_second: float = Field(default=0.0, ge=0.0)
+    """Model calls per second on the provider key, for every worker together (a token bucket
+    in Postgres, taken before each call). 0: no limit (the provider's own 429s still retry)."""
+    model_call_burst: int = Field(default=10, ge=1)
+    """Model calls that may start at once before `model_calls_per_second` paces them."""
 
     # Embeddings.
     embedding_provider: Literal["local", "openai"] = "local"
@@ -233,6 +238,9 @@ class Settings(BaseSettings):
     run_token_estimate: int = Field(default=4000, ge=0)
     """Tokens a run is assumed to use before this deployment has measured any of its agent's
     runs; after that the measured 95th percentile is reserved against the budget."""
+    max_runs_per_user: int = Field(default=3, ge=0)
+    """Runs (chat turns, button answers, MCP calls) one user may have going at once, counted in
+    Postgres across every worker; one more is refused before it starts. 0: no limit."""
 
     @field_validator("openai_api_key", mode="before")
     @classmethod

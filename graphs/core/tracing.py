@@ -12,12 +12,14 @@ inputs, outputs, errors and metadata; OpenTelemetry spans pass a redacting expor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import importlib.metadata
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,6 +35,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.tracing")
 
+
+def _app_version() -> str:
+    try:
+        return importlib.metadata.version("cairn")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "0+unknown"
+
+
+APP_VERSION = _app_version()
+"""Cairn's version, on every trace (run metadata and the OpenTelemetry resource)."""
 REDACTED = "[redacted]"
 TRUTHY = frozenset({"1", "true", "yes", "on"})
 
@@ -194,6 +206,7 @@ class Tracing:
                 "cairn_user": user_hash(user_id, self.secret),
                 "cairn_agent": agent,
                 "cairn_thread": thread_id,
+                "cairn_version": APP_VERSION,
             },
             "tags": [f"agent:{agent}"],
         }
@@ -208,6 +221,17 @@ class Tracing:
         self.flush()
         if self.provider is not None:
             self.provider.shutdown()
+
+
+@contextlib.contextmanager
+def job_trace(job_run_id: str) -> Iterator[None]:
+    """Every traced model call inside carries the background job run it belongs to (and the
+    app's version): a trace names the attempt that made it, `job-<id>-attempt-<n>`."""
+    import langsmith
+
+    metadata = {"cairn_job_run_id": job_run_id, "cairn_version": APP_VERSION}
+    with langsmith.tracing_context(metadata=metadata):
+        yield
 
 
 def configure_tracing(
@@ -256,7 +280,8 @@ def _tracer_provider(redactor: Redactor, exporter: SpanExporter | None) -> Trace
 
     # OTEL_SERVICE_NAME, when set, names the service (Resource.create reads it); else "cairn".
     named = bool(os.environ.get("OTEL_SERVICE_NAME"))
-    provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "cairn"}))
+    attributes = {"service.version": APP_VERSION} | ({} if named else {"service.name": "cairn"})
+    provider = TracerProvider(resource=Resource.create(attributes))
     if exporter is not None:
         processor: Any = SimpleSpanProcessor(RedactingSpanExporter(exporter, redactor))  # type: ignore[arg-type]
     else:

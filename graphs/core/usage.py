@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackHandler
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.prompt_values import PromptValue
 from langchain_core.tracers.context import register_configure_hook
 from psycopg.types.json import Jsonb
@@ -47,6 +47,8 @@ class RunUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     tool_calls: int = 0
+    tool_errors: int = 0
+    """Tool calls that raised or came back as an error message (the model saw the error)."""
     subagents: int = 0
     cost: float = 0.0
     nodes: Counter[str] = field(default_factory=Counter)
@@ -132,6 +134,14 @@ class UsageMeter(AsyncCallbackHandler):
         role = self._roles.pop(run_id, None)
         if role is not None:
             self.usage.add(role, self.prices, 0, estimated_tokens(_chars(outputs)))
+
+    async def on_tool_error(self, error: BaseException, **kwargs: Any) -> None:
+        self.usage.tool_errors += 1
+
+    async def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+        # ToolNode turns a handled exception into an error message without an on_tool_error.
+        if isinstance(output, ToolMessage) and output.status == "error":
+            self.usage.tool_errors += 1
 
     async def on_tool_start(self, serialized: Any, input_str: str, **kwargs: Any) -> None:
         self.usage.tool_calls += 1

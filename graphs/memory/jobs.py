@@ -17,6 +17,8 @@ from procrastinate.jobs import Status
 from graphs.core import fence, metrics
 from graphs.core.errors import is_database_outage
 from graphs.core.pool import open_lock_pool
+from graphs.core.ratelimit import limited
+from graphs.core.tracing import job_trace
 from graphs.memory.scoped import ScopedMemory
 from graphs.memory.writer import InvalidModelOutput, MessageLoader, write_memories
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from graphs.core.pool import Pool
+    from graphs.core.ratelimit import Bucket
 
 log = logging.getLogger("cairn.memory")
 
@@ -91,8 +94,11 @@ class MemoryJobs:
         stalled_after_s: float = STALLED_AFTER_S,
         sweep_every_s: float = SWEEP_EVERY_S,
         restart_backoff_s: tuple[float, float] = RESTART_BACKOFF_S,
+        model_calls: Bucket | None = None,
     ) -> None:
         self.pool = pool
+        self.model_calls = model_calls
+        """The provider key's token bucket, taken before each of a job's model calls."""
         self.store = store
         self.model = model
         self.load_messages = load_messages
@@ -348,16 +354,17 @@ class MemoryJobs:
         job = context.job
         run_id = f"job-{job.id}-attempt-{job.attempts + 1}"
         try:
-            report = await write_memories(
-                store=self.store,
-                model=self.model,
-                load_messages=self.load_messages,
-                user_id=user_id,
-                thread_id=thread_id,
-                run_id=run_id,
-                still_wanted=lambda: self._owns(user_id, thread_id),
-                first=first,
-            )
+            with job_trace(run_id), limited(self.model_calls):
+                report = await write_memories(
+                    store=self.store,
+                    model=self.model,
+                    load_messages=self.load_messages,
+                    user_id=user_id,
+                    thread_id=thread_id,
+                    run_id=run_id,
+                    still_wanted=lambda: self._owns(user_id, thread_id),
+                    first=first,
+                )
         except InvalidModelOutput as exc:
             log.warning("memory job skipped (invalid model output) user=%s: %s", user_id, exc)
             metrics.observe_memory_job("skipped")

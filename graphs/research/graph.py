@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from graphs.core.context import Context
 from graphs.core.nodes import bind, declare_subgraph, on_loop
+from graphs.core.ratelimit import Bucket
 from graphs.core.settings import Settings, get_settings
 from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
@@ -50,7 +51,6 @@ from graphs.research.relevance import (
 from graphs.research.state import State, Todo
 from graphs.tools.fetch import Fetcher, make_fetch_tool
 from graphs.tools.fetchlog import FetchLog, FetchRecord
-from graphs.tools.ratelimit import Bucket
 from graphs.tools.search import (
     LocalCorpus,
     SearchProvider,

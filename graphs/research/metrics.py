@@ -20,6 +20,7 @@ def run_metrics(state: State, *, removed: int, off_topic: int, answered: bool) -
         if first["citations"]
         else 1.0,
         "citations_first_draft": first["citations"],
+        "citations_passing_first_draft": first["passing"],
         # Of the first draft's passing citations, those on claims that answer the question.
         "relevant_citations_first_draft": first.get("relevant_passing", 0),
         "answered": answered,

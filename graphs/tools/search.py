@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 import httpx
 from langchain_core.tools import BaseTool, tool
 
+from graphs.core.ratelimit import Bucket
 from graphs.tools.corpus import CorpusIndex
-from graphs.tools.ratelimit import Bucket, RateLimited, bucket_for, call_limited
+from graphs.tools.ratelimit import RateLimited, bucket_for, call_limited
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore

@@ -11,10 +11,11 @@ from langchain_core.tools import BaseTool, tool
 from langgraph.prebuilt import ToolRuntime
 
 from graphs.core.context import Context
+from graphs.core.ratelimit import Bucket
 from graphs.tools.fetch import Fetcher, FetchError, wrap_untrusted
 from graphs.tools.fetchlog import fetch_log_for_store
 from graphs.tools.netguard import BlockedAddress
-from graphs.tools.ratelimit import Bucket, shared_bucket
+from graphs.tools.ratelimit import shared_bucket
 from graphs.tools.search import (
     LocalCorpus,
     SearchProvider,

@@ -1,11 +1,13 @@
-"""Operator signals on a real Postgres: /metrics moves after real turns through the runner, and a
-traced run leaves the process with the user id hashed and secrets redacted."""
+"""Operator signals on a real Postgres: /metrics moves after real turns through the runner (run
+cost and quality, checkpoint write latency, table sizes, pruning), and a traced run leaves the
+process with the user id hashed, secrets redacted and the app's version on it."""
 
 from __future__ import annotations
 
 import http.server
 import threading
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -16,8 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auth.ownership import claim_thread
 from graphs.core.persistence import make_pool
+from graphs.core.prune import CheckpointPruner
 from graphs.core.settings import Settings
-from graphs.core.tracing import configure_tracing, reset_tracing, user_hash
+from graphs.core.tracing import APP_VERSION, configure_tracing, reset_tracing, user_hash
+from graphs.core.usage import Budget, UsageLedger
 from tests.integration.test_durable_runs import GOAL, make_runner
 from ui.metrics import build_router
 from ui.surface import HeadlessSurface
@@ -148,10 +152,70 @@ async def test_a_traced_run_carries_the_user_hashed_and_no_secret(
     )
     assert user_hash(RAW_USER, AUTH_SECRET) in dumped
     assert RAW_USER not in dumped
+    versions = {
+        value for s in spans for key, value in (s.attributes or {}).items() if "version" in key
+    }
+    assert APP_VERSION in versions
     assert text in dumped, "the run's content is traced"
     assert OPENAI_KEY not in dumped
     assert "hunter2" not in dumped
     assert "[redacted]" in dumped
+
+
+def value(found: dict, name: str, **labels: str) -> float:
+    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_a_finished_run_shows_its_cost_quality_writes_and_the_tables_on_metrics(
+    database_url,
+):
+    runner, close = await make_runner(database_url, worker="signals")
+    pool = runner.threads.pool  # type: ignore[attr-defined]
+    runner.usage = UsageLedger(
+        pool, budget=Budget(0, 0), prices={"chat": (1.0, 2.0)}, default_estimate=0
+    )
+    try:
+        before = samples((await scrape(pool)).text)
+        paused = await planner_turn(runner, "signals-1", "alice")
+        assert paused.status == "paused"
+        done = await runner.answer(
+            HeadlessSurface(),
+            user_id="alice",
+            thread_id="signals-1",
+            interrupt_id=paused.interrupts[0].id,
+            decision="approve",
+        )
+        assert done.status == "done"
+        assert done.usage is not None
+        await CheckpointPruner(pool=pool, locks=runner.locks, delta={}, after=timedelta(0)).run()
+        after = samples((await scrape(pool)).text)
+    finally:
+        await close()
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("cairn_run_signals_total", agent="planner", signal="runs") == 1
+    assert (
+        grew("cairn_run_signals_total", agent="planner", signal="replans")
+        == (done.usage.nodes["replan"])
+    )
+    assert done.usage.nodes["replan"] >= 1
+    assert grew("cairn_run_signals_total", agent="planner", signal="step_budget_reached") == 0
+    used = done.usage.input_tokens + paused.usage.input_tokens  # type: ignore[union-attr]
+    assert grew("cairn_run_tokens_total", agent="planner", direction="input") == used > 0
+    assert grew("cairn_run_cost_total", agent="planner") > 0
+    assert grew("cairn_run_model_calls_total", agent="planner") >= 2
+    assert grew("cairn_run_tool_calls_total", agent="planner", result="ok") >= 1
+    assert grew("cairn_checkpoint_write_seconds_count", kind="checkpoint") >= 4
+    assert grew("cairn_checkpoint_write_seconds_count", kind="writes") >= 4
+    assert value(after, "cairn_table_bytes", table="checkpoints") > 0
+    assert value(after, "cairn_table_bytes", table="checkpoint_blobs") > 0
+    assert value(after, "cairn_database_bytes") >= value(after, "cairn_table_bytes", table="store")
+    assert ("cairn_table_rows_estimate", (("table", "cairn_usage"),)) in after
+    assert value(after, "cairn_checkpoint_prune_threads_pending") >= 1
+    assert grew("cairn_checkpoint_prune_runs_total", outcome="done") == 1
+    assert value(after, "cairn_checkpoint_prune_last_run_timestamp_seconds") > time.time() - 60
 
 
 class Collector:

@@ -8,9 +8,10 @@ import time
 import httpx
 import pytest
 
+from graphs.core.ratelimit import TokenBucket
 from graphs.research import SAMPLE_CORPUS_DIR
 from graphs.research.agents import SubagentSlots
-from graphs.tools.ratelimit import RateLimited, TokenBucket, call_limited
+from graphs.tools.ratelimit import RateLimited, call_limited
 from graphs.tools.search import (
     LocalCorpus,
     SearchError,

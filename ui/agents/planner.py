@@ -10,6 +10,7 @@ from graphs.planner.graph import build_graph
 from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool, Starter
 
 if TYPE_CHECKING:
+    from graphs.core.usage import RunUsage
     from ui.runner import Ask
 
 
@@ -87,6 +88,19 @@ def describe_plan_review(value: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+def planner_signals(values: dict[str, Any], usage: RunUsage) -> dict[str, float]:
+    """Replans, and whether the run ended at the step budget with a partial answer (finalize
+    ran in this run, after the last allowed step)."""
+    at_budget = usage.nodes["finalize"] > 0 and (
+        values.get("steps_taken", 0) >= get_settings().planner_step_budget
+    )
+    return {
+        "runs": 1,
+        "replans": usage.nodes["replan"],
+        "step_budget_reached": int(at_budget),
+    }
+
+
 SPEC = AgentSpec(
     key="planner",
     profile="Planner",
@@ -107,6 +121,7 @@ SPEC = AgentSpec(
     recursion_limit=recursion_limit,
     recursion_notice=RECURSION_BACKSTOP,
     reply_text=lambda values: str(values.get("response") or "") or None,
+    signals=planner_signals,
     order=20,
     # Questions the bundled demo dataset answers (churn, subscriptions, customers, revenue).
     starters=(

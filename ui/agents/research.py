@@ -19,6 +19,7 @@ from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool, Starter
 
 if TYPE_CHECKING:
     from graphs.core.settings import Settings
+    from graphs.core.usage import RunUsage
     from ui.runner import Ask
 
 
@@ -136,6 +137,19 @@ def describe_plan_review(value: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def research_signals(values: dict[str, Any], usage: RunUsage) -> dict[str, float]:
+    """The first draft's citations, checked and passing, when this run wrote the report."""
+    if not usage.nodes["finalize"]:
+        return {}
+    figures = values.get("metrics") or {}
+    return {
+        "reports": 1,
+        "citations_checked": int(figures.get("citations_first_draft", 0)),
+        "citations_passed": int(figures.get("citations_passing_first_draft", 0)),
+        "claims_removed": int(figures.get("claims_removed", 0)),
+    }
+
+
 SPEC = AgentSpec(
     key="research",
     profile="Research",
@@ -154,6 +168,7 @@ SPEC = AgentSpec(
     subgraphs=True,
     recursion_limit=lambda: RECURSION_LIMIT,
     reply_text=lambda values: str(values.get("report") or "") or None,
+    signals=research_signals,
     order=10,
     # The bundled sample corpus covers honeybees and seed banks only (README, Research).
     starters=(
