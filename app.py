@@ -83,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await mcp.stop()
             await runtime.stop(state)
+            if isinstance(state.chat, adapter.ChainlitChat):
+                state.chat.close()
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runtime = state

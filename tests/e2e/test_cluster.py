@@ -68,10 +68,12 @@ def _both_up(cluster: Cluster) -> None:
 
 
 class _Direct:
-    """One worker's own address, for ChatSocket (which talks to `server.url`)."""
+    """One worker's own address, for ChatSocket (which talks to `server.url`), sending the
+    Origin a browser on the cluster's public address sends."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, public_url: str) -> None:
         self.url = worker.url
+        self.origin = public_url
 
 
 def _instance_folders(cluster: Cluster) -> list[Path]:
@@ -84,10 +86,10 @@ async def test_one_worker_stopping_breaks_nothing_for_its_sibling_in_the_folder(
     assert len(_instance_folders(cluster)) == 2  # one uploads folder each, side by side
     # Signed in through nginx; the session cookie holds on every worker (one shared secret).
     cookie = await sign_in(cluster.url, "bob", USERS["bob"])
-    socket = ChatSocket(_Direct(second), cookie)  # type: ignore[arg-type]
+    socket = ChatSocket(_Direct(second, cluster.url), cookie)  # type: ignore[arg-type]
     await socket.start()
     async with httpx.AsyncClient(
-        base_url=second.url, headers={"Cookie": cookie, "Origin": second.url}
+        base_url=second.url, headers={"Cookie": cookie, "Origin": cluster.url}
     ) as http:
         before = await http.post(
             "/project/file",

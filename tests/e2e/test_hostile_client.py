@@ -42,7 +42,10 @@ class ChatSocket:
         await self.client.connect(
             self.server.url,
             socketio_path="/ws/socket.io",
-            headers={"Cookie": self.cookie, "Origin": self.server.url},
+            headers={
+                "Cookie": self.cookie,
+                "Origin": getattr(self.server, "origin", self.server.url),
+            },
             transports=["websocket"],
             auth={
                 "clientType": "webapp",

@@ -5,6 +5,7 @@ documented FastAPI integration). Also the chat port (ui/port.py) the rest of the
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,9 +75,19 @@ ADAPTER_PINS = {
 class ChainlitChat:
     """The chat port (ui/port.py `ChatPort`) on Chainlit."""
 
-    def __init__(self, pool: Pool, presentations: Presentations) -> None:
+    def __init__(
+        self, pool: Pool, presentations: Presentations, *, uploads: Path | None = None
+    ) -> None:
         self.pool = pool
         self.presentations = presentations
+        self.uploads = uploads
+        """This process's uploads folder (ui/chainlit/patches/uploads.py)."""
+
+    def close(self) -> None:
+        """At shutdown: this process's uploads folder goes (its siblings' stay). Chainlit's own
+        lifespan did this, and does not run under a parent app."""
+        if self.uploads is not None:
+            shutil.rmtree(self.uploads, ignore_errors=True)
 
     async def append_reply(
         self, thread_id: str, text: str, *, author: str = "Cairn", once: bool = False
@@ -146,7 +157,7 @@ def mount(
     from chainlit.utils import mount_chainlit
 
     config.configure(settings, public_url=public_url, auth_secret=auth_secret, origins=origins)
-    patches.install(
+    uploads = patches.install(
         files_parent=settings.data_dir / "files",
         origins=origins,
         max_message_chars=settings.max_message_chars,
@@ -163,7 +174,7 @@ def mount(
     app.include_router(sign_in.build_router(AGENTS))
     mount_chainlit(app, target=str(Path(hooks.__file__).resolve()), path=CHAINLIT_PATH)
     _drop_path_filter()
-    return ChainlitChat(pool, presentations)
+    return ChainlitChat(pool, presentations, uploads=uploads)
 
 
 def _drop_path_filter() -> None:
