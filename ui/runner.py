@@ -195,6 +195,9 @@ class AgentSpec:
     """The agent as an MCP tool (and a scope on access tokens); None: chat only."""
     routes: Callable[[Settings], APIRouter] | None = None
     """Extra HTTP routes the agent's pages need, mounted at start-up."""
+    step_nodes: tuple[str, str] | None = None
+    """(its step node, the inner node that makes one model call): each run's context carries
+    the measured model calls per step (Context.step_model_calls) for its cost estimate."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None
@@ -711,6 +714,7 @@ class Runner:
                     return RunOutcome("refused", owned=owned)
                 if answering is not None:
                     await surface.clear_prompt(answering)
+                context = await self._measured(spec, context)
                 config = await self._start_config(graph, spec, context.thread_id, start)
                 if config is None:
                     await self._settle(admission, None, "not_found", time.perf_counter())
@@ -800,6 +804,14 @@ class Runner:
         except OverBudget as exc:
             log.info("%s run refused: user over their monthly budget", spec.key)
             return str(exc)
+
+    async def _measured(self, spec: AgentSpec, context: Context) -> Context:
+        """The context with the agent's measured model calls per step, when it has steps."""
+        if self.usage is None or spec.step_nodes is None:
+            return context
+        step, inner = spec.step_nodes
+        calls = await self.usage.step_model_calls(spec.key, step=step, inner=inner)
+        return replace(context, step_model_calls=calls)
 
     async def _settle(
         self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float

@@ -592,6 +592,12 @@ CREATE TABLE IF NOT EXISTS cairn_slots (
 );
 """
 
+# Each run's tokens per model role ({"chat": [input, output]}), so `make capacity` can price
+# recorded runs at other prices than the ones in force when they ran.
+USAGE_ROLES_SQL = """
+ALTER TABLE cairn_usage ADD COLUMN IF NOT EXISTS roles jsonb NOT NULL DEFAULT '{}';
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -612,6 +618,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0106_sign_out", SIGN_OUT_SQL),
     Migration("0107_usage", USAGE_SQL),
     Migration("0108_shared_limits", SHARED_LIMITS_SQL),
+    Migration("0109_usage_roles", USAGE_ROLES_SQL),
 )
 
 

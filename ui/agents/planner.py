@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from graphs.core.settings import get_settings
-from graphs.planner.graph import build_graph
+from graphs.planner.graph import STEP_NODES, build_graph
 from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ SPEC = AgentSpec(
     recursion_notice=RECURSION_BACKSTOP,
     reply_text=lambda values: str(values.get("response") or "") or None,
     order=20,
+    step_nodes=STEP_NODES,
     mcp=McpTool(
         name="run_planner",
         title="Plan and run an analysis",
