@@ -89,6 +89,12 @@ class AgentFigures:
     """Recorded cost of the finished runs without tokens per role (priced when they ran)."""
     thread_bytes: Mapping[str, int] = field(default_factory=dict)
     """Per table: bytes of this agent's threads (rows and their share of indexes and TOAST)."""
+    thread_rows: Mapping[str, int] = field(default_factory=dict)
+    """Per table: rows of this agent's threads."""
+    old_threads: int = 0
+    """Threads idle past the checkpoint pruning age (already pruned, or about to be)."""
+    old_bytes: int = 0
+    """Their share of thread_bytes."""
     store_bytes: int = 0
     """Store items this agent keeps per user (values and vectors), over all users."""
     store_items: int = 0
@@ -100,6 +106,19 @@ class AgentFigures:
     @property
     def bytes_per_thread(self) -> float:
         return sum(self.thread_bytes.values()) / self.threads if self.threads else 0.0
+
+    @property
+    def young_bytes_per_thread(self) -> float:
+        """A thread within the pruning age (every thread, when none is older)."""
+        young = self.threads - self.old_threads
+        if young <= 0:
+            return self.bytes_per_thread
+        return (sum(self.thread_bytes.values()) - self.old_bytes) / young
+
+    @property
+    def pruned_bytes_per_thread(self) -> float | None:
+        """A thread past the pruning age, as measured; None before any was that old."""
+        return self.old_bytes / self.old_threads if self.old_threads else None
 
     @property
     def bytes_per_run(self) -> float:
@@ -194,6 +213,8 @@ class Operator:
     peak_factor: float = 3.0
     """The busiest hour's rate over the day's mean rate."""
     retention_days: int = 365
+    prune_after_days: float = 7.0
+    """Checkpoints of threads idle this long are pruned (CAIRN_CHECKPOINT_PRUNE_AFTER_HOURS)."""
     prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     requests_per_min: float = 10_000.0
     """The model provider's rate limit: requests per minute."""
@@ -251,15 +272,20 @@ class Forecast:
 
 
 def storage_bytes(pilot: Pilot, operator: Operator, days: int) -> float:
-    """Bytes after `days`: threads within the retention window, usage rows of every run, every
-    user's store items, and what does not grow."""
+    """Bytes after `days`: threads within the retention window (pruned past the pruning age, at
+    their measured pruned size, unpruned while none was measured), usage rows of every run,
+    every user's store items, and what does not grow."""
     runs = runs_per_day(pilot, operator)
     kept_days = min(days, operator.retention_days)
+    young_days = min(kept_days, operator.prune_after_days)
     threads = 0.0
     for key, per_day in runs.items():
         agent = pilot.agents.get(key)
         if agent is not None and agent.runs_per_thread:
-            threads += per_day / agent.runs_per_thread * kept_days * agent.bytes_per_thread
+            pruned = agent.pruned_bytes_per_thread
+            old = agent.young_bytes_per_thread if pruned is None else pruned
+            per_thread = young_days * agent.young_bytes_per_thread + (kept_days - young_days) * old
+            threads += per_day / agent.runs_per_thread * per_thread
     per_run = sum(runs.values()) * days * pilot.run_bytes_per_run
     users = operator.users if operator.users is not None else operator.daily_users
     return pilot.fixed_bytes + threads + per_run + users * pilot.store_bytes_per_user
@@ -288,9 +314,13 @@ def forecast(pilot: Pilot, operator: Operator) -> Forecast:
     calls = sum(n * _mean(pilot, k, "model_calls") for k, n in runs.items()) * peak
     tokens = sum(n * _tokens(pilot, k) for k, n in runs.items()) * peak
     money = sum(
-        n * pilot.agents[k].cost_per_run(operator.prices) for k, n in runs.items() if k in pilot.agents
+        n * pilot.agents[k].cost_per_run(operator.prices)
+        for k, n in runs.items()
+        if k in pilot.agents
     )
-    workers = max(1, math.ceil(peak_runs * operator.session_interval_s / operator.sessions_per_worker))
+    workers = max(
+        1, math.ceil(peak_runs * operator.session_interval_s / operator.sessions_per_worker)
+    )
     year = storage_bytes(pilot, operator, YEAR_DAYS)
     writes = peak_runs * pilot.writes_per_run
     limits = [
@@ -340,7 +370,9 @@ class Recommendation:
     """None: fewer than MIN_RUNS runs measured it."""
 
 
-def recommend(setting: str, configured: float, measured: Spread | None, *, time: bool = False) -> Recommendation:
+def recommend(
+    setting: str, configured: float, measured: Spread | None, *, time: bool = False
+) -> Recommendation:
     """The 99th percentile with headroom, rounded up (a whole number for counts)."""
     if measured is None or measured.n < MIN_RUNS:
         return Recommendation(setting, configured, measured, None)

@@ -31,6 +31,7 @@ THREAD_TABLES = {
     "Thread": "id",
     "Step": "threadId",
     "Element": "threadId",
+    "cairn_runs": "thread_id",
 }
 """Tables whose rows belong to one conversation and go with it (retention, delete)."""
 RUN_TABLES = ("cairn_usage", "procrastinate_jobs", "procrastinate_events")
@@ -58,14 +59,17 @@ _FINISHED = (
 )
 
 
-async def measure(pool: Pool) -> Pilot:
-    """Read the pilot's figures (read-only; a few seconds on a large database)."""
+async def measure(pool: Pool, *, prune_after_hours: float = 168.0) -> Pilot:
+    """Read the pilot's figures (nothing is written; a few seconds on a large database). Threads
+    idle longer than `prune_after_hours` are measured apart: the pruning job has shrunk them."""
     async with pool.connection() as conn:
         tables = await _table_sizes(conn)
+        await _thread_ages(conn, prune_after_hours)
         threads = await _threads(conn)
         cur = await conn.execute(_RUNS, {"ran": list(RAN)})
         runs = {row["agent"]: row for row in await cur.fetchall()}
-        thread_bytes = await _thread_bytes(conn, tables)
+        thread_bytes, thread_rows, old_bytes = await _thread_bytes(conn, tables)
+        old_threads = await _old_threads(conn)
         store = await _store(conn, tables)
         agents = {}
         for agent in sorted(set(threads) | set(runs)):
@@ -79,6 +83,8 @@ async def measure(pool: Pool) -> Pilot:
                 threads=threads.get(agent, 0),
                 users=int(runs[agent]["users"]) if agent in runs else 0,
                 thread_bytes=thread_bytes.get(agent, {}),
+                thread_rows=thread_rows.get(agent, {}),
+                old=(old_threads.get(agent, 0), old_bytes.get(agent, 0)),
                 store=store.get(agent, (0, 0)),
             )
         totals = await _totals(conn)
@@ -123,7 +129,9 @@ def figures(
     threads: int,
     users: int,
     thread_bytes: Mapping[str, int],
-    store: tuple[int, int],
+    thread_rows: Mapping[str, int] | None = None,
+    old: tuple[int, int] = (0, 0),
+    store: tuple[int, int] = (0, 0),
 ) -> AgentFigures:
     """One agent's figures from its finished runs' usage rows."""
     values: dict[str, list[float]] = defaultdict(list)
@@ -152,6 +160,9 @@ def figures(
         priced_runs=priced,
         unpriced_cost=unpriced_cost,
         thread_bytes=thread_bytes,
+        thread_rows=thread_rows or {},
+        old_threads=old[0],
+        old_bytes=old[1],
         store_bytes=store[0],
         store_items=store[1],
     )
@@ -189,6 +200,30 @@ async def _table_sizes(conn: AsyncConnection[DictRow]) -> dict[str, int]:
     return dict(sizes)
 
 
+async def _thread_ages(conn: AsyncConnection[DictRow], prune_after_hours: float) -> None:
+    """Each thread's agent and whether it has been idle past the pruning age, in a temporary
+    table of this session (its last run, or its creation)."""
+    await conn.execute(
+        "CREATE TEMPORARY TABLE IF NOT EXISTS cairn_capacity_threads"
+        " (thread_id text PRIMARY KEY, agent text NOT NULL, old boolean NOT NULL)"
+    )
+    await conn.execute("TRUNCATE cairn_capacity_threads")
+    await conn.execute(
+        "INSERT INTO cairn_capacity_threads SELECT t.thread_id, t.agent,"
+        " coalesce(u.last, t.created_at) < now() - make_interval(secs => %(age)s)"
+        " FROM cairn_threads t LEFT JOIN (SELECT thread_id, max(created_at) AS last"
+        " FROM cairn_usage GROUP BY thread_id) u ON u.thread_id = t.thread_id",
+        {"age": prune_after_hours * 3600},
+    )
+
+
+async def _old_threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
+    cur = await conn.execute(
+        "SELECT agent, count(*) AS n FROM cairn_capacity_threads WHERE old GROUP BY agent"
+    )
+    return {row["agent"]: int(row["n"]) for row in await cur.fetchall()}
+
+
 async def _threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
     cur = await conn.execute("SELECT agent, count(*) AS n FROM cairn_threads GROUP BY agent")
     return {row["agent"]: int(row["n"]) for row in await cur.fetchall()}
@@ -196,24 +231,30 @@ async def _threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
 
 async def _thread_bytes(
     conn: AsyncConnection[DictRow], tables: Mapping[str, int]
-) -> dict[str, dict[str, int]]:
-    """Per agent and table, the table's size split by its rows' bytes: rows of a thread no one
-    owns any more (none, unless a delete was cut short) stay unattributed."""
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]:
+    """Per agent and table, the table's size split by its rows' bytes, and the rows: rows of a
+    thread no one owns any more (none, unless a delete was cut short) stay unattributed."""
     found: dict[str, dict[str, int]] = defaultdict(dict)
+    counted: dict[str, dict[str, int]] = defaultdict(dict)
+    old: dict[str, int] = defaultdict(int)
     for table, column in THREAD_TABLES.items():
         if not tables.get(table):
             continue
         query = sql.SQL(
-            "SELECT t.agent, sum(pg_column_size(x.*))::bigint AS bytes FROM {table} x"
-            " LEFT JOIN cairn_threads t ON t.thread_id = x.{column} GROUP BY t.agent"
+            "SELECT t.agent, sum(pg_column_size(x.*))::bigint AS bytes, count(*) AS n,"
+            " coalesce(sum(pg_column_size(x.*)) FILTER (WHERE t.old), 0)::bigint AS old_bytes"
+            " FROM {table} x LEFT JOIN cairn_capacity_threads t ON t.thread_id = x.{column}"
+            " GROUP BY t.agent"
         ).format(table=sql.Identifier(table), column=sql.Identifier(column))
         cur = await conn.execute(query)
-        rows = {row["agent"]: int(row["bytes"] or 0) for row in await cur.fetchall()}
-        whole = sum(rows.values())
-        for agent, bytes_ in rows.items():
+        rows = {row["agent"]: row for row in await cur.fetchall()}
+        whole = sum(int(row["bytes"] or 0) for row in rows.values())
+        for agent, row in rows.items():
             if agent is not None and whole:
-                found[agent][table] = round(tables[table] * bytes_ / whole)
-    return dict(found)
+                found[agent][table] = round(tables[table] * int(row["bytes"] or 0) / whole)
+                counted[agent][table] = int(row["n"])
+                old[agent] += round(tables[table] * int(row["old_bytes"]) / whole)
+    return dict(found), dict(counted), dict(old)
 
 
 async def _store(

@@ -34,7 +34,7 @@ async def measured(url: str) -> Pilot:
 async def small_pilot(pg_server_url: str) -> AsyncIterator[tuple[str, Pilot]]:
     url = create_database(pg_server_url)
     await run_pilot(url, SMALL, seed=1)
-    yield url, await measured(url)
+    return url, await measured(url)
 
 
 @pytest.mark.timeout(900)
@@ -45,7 +45,9 @@ async def test_the_pilot_predicts_what_a_larger_pilot_stores(small_pilot, pg_ser
     url = create_database(pg_server_url)
     await run_pilot(url, large, seed=2)
     actual = (await measured(url)).total_bytes
-    print(f"predicted {predicted:,.0f} B, stored {actual:,.0f} B, off {(predicted - actual) / actual:+.1%}")
+    print(
+        f"predicted {predicted:,.0f} B, stored {actual:,.0f} B, off {(predicted - actual) / actual:+.1%}"
+    )
     assert abs(predicted - actual) / actual <= TOLERANCE, (predicted, actual)
     # Scaling the pilot's own total by three would not have been as close: the model separates
     # what grows from what does not.
@@ -56,15 +58,19 @@ async def test_every_agents_runs_are_measured(small_pilot):
     _, pilot = small_pilot
     assert set(pilot.agents) == {"assistant", "planner", "research"}
     assistant, planner, research = (pilot.agents[k] for k in ("assistant", "planner", "research"))
-    assert assistant.threads == SMALL.assistant and assistant.runs == 4 * SMALL.assistant
+    assert assistant.threads == SMALL.assistant
+    assert assistant.runs == 4 * SMALL.assistant
     assert planner.runs == 2 * SMALL.planner  # the plan, then the approved run
-    assert planner.spreads["steps"].p99 >= 1 and planner.per_step_calls is not None
+    assert planner.spreads["steps"].p99 >= 1
+    assert planner.per_step_calls is not None
     assert research.spreads["subagents"].p99 >= 1
     assert pilot.memories_per_user > 0  # each Assistant conversation said "remember that ..."
     assert pilot.embedding_dims == 384
-    assert pilot.writes_per_run > 1 and pilot.transactions_per_run > 1
+    assert pilot.writes_per_run > 1
+    assert pilot.transactions_per_run > 1
     for agent in (assistant, planner, research):
-        assert agent.bytes_per_thread > 0 and sum(agent.role_tokens["chat"]) > 0
+        assert agent.bytes_per_thread > 0
+        assert sum(agent.role_tokens["chat"]) > 0
     prices = {"chat": (0.001, 0.002)}
     expected = sum(
         a.role_tokens["chat"][0] * 0.001 / 1000 + a.role_tokens["chat"][1] * 0.002 / 1000
