@@ -169,7 +169,7 @@ def print_measured(pilot: Pilot, out: Out) -> None:
     for agent in pilot.agents.values():
         print_agent(agent, out)
     out(
-        f"store: {pilot.memories_per_user:.1f} memories per user; an item {pilot.value_bytes:,.0f} B"
+        f"store: {pilot.memories_per_user:.1f} Assistant items (memories, markers) per user; an item {pilot.value_bytes:,.0f} B"
         f" + its vector {pilot.vector_bytes:,.0f} B ({pilot.embedding_dims or '-'} dims x 4 B + 8);"
         f" {pilot.store_bytes_per_user / 1e3:,.1f} KB per user, all agents"
     )
@@ -216,7 +216,8 @@ def print_agent(agent: AgentFigures, out: Out) -> None:
 
 def _spread_row(label: str, spread: Spread) -> str:
     cells = (spread.mean, spread.p50, spread.p95, spread.p99)
-    return f"{label:16} " + " ".join(f"{value:>10,.1f}" for value in cells)
+    digits = 2 if spread.p99 < 10 else 1
+    return f"{label:16} " + " ".join(f"{value:>10,.{digits}f}" for value in cells)
 
 
 def recommendations(pilot: Pilot, settings: Settings) -> list[Recommendation]:

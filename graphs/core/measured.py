@@ -36,7 +36,6 @@ THREAD_TABLES = {
 """Tables whose rows belong to one conversation and go with it (retention, delete)."""
 RUN_TABLES = ("cairn_usage", "procrastinate_jobs", "procrastinate_events")
 """Tables that grow by run and outlive the conversation."""
-STORE_TABLES = ("store", "store_vectors")
 NODE_METRICS = {"steps": "execute_step", "replans": "replan", "critique_rounds": "reopen_claims"}
 """Node runs that count a Planner step, a replan, a Research critique round."""
 INNER_NODE = "act"
@@ -48,6 +47,17 @@ STORE_KIND = sql.SQL(
     " WHEN s.prefix LIKE 'research\\_corpus.%%' THEN 'shared' ELSE 'other' END"
 )
 """Whose a store item is, by its namespace: an agent's per-user items, the shared corpus index."""
+_AGES = sql.SQL(
+    "SELECT t.thread_id, t.agent,"
+    " coalesce(u.last, t.created_at) < now() - make_interval(secs => %(age)s) AS old"
+    " FROM cairn_threads t LEFT JOIN (SELECT thread_id, max(created_at) AS last"
+    " FROM cairn_usage GROUP BY thread_id) u ON u.thread_id = t.thread_id"
+)
+"""Each thread's agent and whether it has been idle past the pruning age (its last run, or its
+creation)."""
+_OLD_THREADS = sql.SQL("SELECT agent, count(*) AS n FROM ({}) a WHERE old GROUP BY agent").format(
+    _AGES
+)
 _RUNS = (
     "SELECT agent, count(*) AS runs, count(DISTINCT user_id) AS users FROM cairn_usage"
     " WHERE status = ANY(%(ran)s) GROUP BY agent"
@@ -60,17 +70,19 @@ _FINISHED = (
 
 
 async def measure(pool: Pool, *, prune_after_hours: float = 168.0) -> Pilot:
-    """Read the pilot's figures (nothing is written; a few seconds on a large database). Threads
-    idle longer than `prune_after_hours` are measured apart: the pruning job has shrunk them."""
+    """Read the pilot's figures. Read-only, but every row of the per-thread tables is read: run
+    it on a replica of a large deployment. Threads idle longer than `prune_after_hours` are
+    measured apart (the pruning job has shrunk them)."""
     async with pool.connection() as conn:
-        tables = await _table_sizes(conn)
-        await _thread_ages(conn, prune_after_hours)
+        sizes = await _table_sizes(conn)
         threads = await _threads(conn)
         cur = await conn.execute(_RUNS, {"ran": list(RAN)})
         runs = {row["agent"]: row for row in await cur.fetchall()}
-        thread_bytes, thread_rows, old_bytes = await _thread_bytes(conn, tables)
-        old_threads = await _old_threads(conn)
-        store = await _store(conn, tables)
+        age = {"age": prune_after_hours * 3600}
+        thread_bytes, thread_rows, old_bytes = await _thread_bytes(conn, sizes, age)
+        cur = await conn.execute(_OLD_THREADS, age)
+        old_threads = {row["agent"]: int(row["n"]) for row in await cur.fetchall()}
+        store = await _store(conn, sizes)
         agents = {}
         for agent in sorted(set(threads) | set(runs)):
             cur = await conn.execute(
@@ -87,31 +99,18 @@ async def measure(pool: Pool, *, prune_after_hours: float = 168.0) -> Pilot:
                 old=(old_threads.get(agent, 0), old_bytes.get(agent, 0)),
                 store=store.get(agent, (0, 0)),
             )
+        run_bytes = sum([await _grown(conn, sizes, table) for table in RUN_TABLES])
         totals = await _totals(conn)
         vectors = await _vectors(conn)
-    return _pilot(agents, tables, thread_bytes, store, totals, vectors)
-
-
-def _pilot(
-    agents: dict[str, AgentFigures],
-    tables: Mapping[str, int],
-    thread_bytes: Mapping[str, Mapping[str, int]],
-    store: Mapping[str, tuple[int, int]],
-    totals: Mapping[str, Any],
-    vectors: Mapping[str, Any],
-) -> Pilot:
-    attributed = sum(sum(b.values()) for b in thread_bytes.values())
-    run_bytes = sum(tables.get(t, 0) for t in RUN_TABLES)
-    store_total = sum(tables.get(t, 0) for t in STORE_TABLES)
-    per_agent = sum(a.store_bytes for a in agents.values())
-    shared = store.get("shared", (0, 0))[0]
+    growing = run_bytes + sum(sum(b.values()) for b in thread_bytes.values())
+    growing += sum(bytes_ for kind, (bytes_, _) in store.items() if kind != "shared")
     return Pilot(
         agents=agents,
         users=int(totals["users"]),
         total_runs=int(totals["runs"]),
-        fixed_bytes=sum(tables.values()) - attributed - run_bytes - store_total + shared,
+        fixed_bytes=sum(size for size, _ in sizes.values()) - growing,
         run_bytes=run_bytes,
-        other_store_bytes=max(0, store_total - per_agent - shared),
+        other_store_bytes=store.get("other", (0, 0))[0],
         row_writes=int(totals["row_writes"]),
         transactions=int(totals["transactions"]),
         max_connections=int(totals["max_connections"]),
@@ -119,6 +118,17 @@ def _pilot(
         value_bytes=float(vectors["value_bytes"] or 0.0),
         vector_bytes=float(vectors["vector_bytes"] or 0.0),
     )
+
+
+Sizes = Mapping[str, tuple[int, int]]
+"""Per table: bytes with indexes and TOAST, and the first pages of those (see _table_sizes)."""
+
+
+def grown(sizes: Sizes, table: str, row_bytes: int) -> int:
+    """The part of a table's size that grows with its rows: its size beyond its first pages, but
+    at least its rows' bytes (a table of a few rows fills part of those pages)."""
+    size, first = sizes.get(table, (0, 0))
+    return min(size, max(size - first, row_bytes))
 
 
 def figures(
@@ -187,41 +197,32 @@ def _collect(row: Mapping[str, Any], values: dict[str, list[float]]) -> None:
         values["per_subagent_tokens"].append(tokens / subagents)
 
 
-async def _table_sizes(conn: AsyncConnection[DictRow]) -> dict[str, int]:
-    """Every table of this database outside the catalogs, with its indexes and TOAST."""
+async def _table_sizes(conn: AsyncConnection[DictRow]) -> dict[str, tuple[int, int]]:
+    """Every table of this database outside the catalogs: its bytes with indexes and TOAST, and
+    what its first pages take (the heap's, two per index, the TOAST index's), which a table
+    holding a row or two already fills."""
     cur = await conn.execute(
-        "SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p')"
-        " AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%%'"
+        "SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes,"
+        " 8192 * (1 + 2 * (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)"
+        " + CASE WHEN c.reltoastrelid <> 0 THEN 1 ELSE 0 END) AS first_pages"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+        " AND n.nspname NOT LIKE 'pg_toast%%'"
     )
-    sizes: dict[str, int] = defaultdict(int)
+    sizes: dict[str, tuple[int, int]] = {}
     for row in await cur.fetchall():
-        sizes[row["name"]] += int(row["bytes"])
-    return dict(sizes)
+        size, first = sizes.get(row["name"], (0, 0))
+        sizes[row["name"]] = (size + int(row["bytes"]), first + int(row["first_pages"]))
+    return sizes
 
 
-async def _thread_ages(conn: AsyncConnection[DictRow], prune_after_hours: float) -> None:
-    """Each thread's agent and whether it has been idle past the pruning age, in a temporary
-    table of this session (its last run, or its creation)."""
-    await conn.execute(
-        "CREATE TEMPORARY TABLE IF NOT EXISTS cairn_capacity_threads"
-        " (thread_id text PRIMARY KEY, agent text NOT NULL, old boolean NOT NULL)"
-    )
-    await conn.execute("TRUNCATE cairn_capacity_threads")
-    await conn.execute(
-        "INSERT INTO cairn_capacity_threads SELECT t.thread_id, t.agent,"
-        " coalesce(u.last, t.created_at) < now() - make_interval(secs => %(age)s)"
-        " FROM cairn_threads t LEFT JOIN (SELECT thread_id, max(created_at) AS last"
-        " FROM cairn_usage GROUP BY thread_id) u ON u.thread_id = t.thread_id",
-        {"age": prune_after_hours * 3600},
-    )
-
-
-async def _old_threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
-    cur = await conn.execute(
-        "SELECT agent, count(*) AS n FROM cairn_capacity_threads WHERE old GROUP BY agent"
-    )
-    return {row["agent"]: int(row["n"]) for row in await cur.fetchall()}
+async def _grown(conn: AsyncConnection[DictRow], sizes: Sizes, table: str) -> int:
+    if table not in sizes:
+        return 0
+    query = sql.SQL("SELECT coalesce(sum(pg_column_size(x.*)), 0)::bigint AS bytes FROM {} x")
+    cur = await conn.execute(query.format(sql.Identifier(table)))
+    row = await cur.fetchone()
+    return grown(sizes, table, int(row["bytes"]) if row is not None else 0)
 
 
 async def _threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
@@ -230,7 +231,7 @@ async def _threads(conn: AsyncConnection[DictRow]) -> dict[str, int]:
 
 
 async def _thread_bytes(
-    conn: AsyncConnection[DictRow], tables: Mapping[str, int]
+    conn: AsyncConnection[DictRow], sizes: Sizes, age: Mapping[str, float]
 ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]:
     """Per agent and table, the table's size split by its rows' bytes, and the rows: rows of a
     thread no one owns any more (none, unless a delete was cut short) stay unattributed."""
@@ -238,29 +239,29 @@ async def _thread_bytes(
     counted: dict[str, dict[str, int]] = defaultdict(dict)
     old: dict[str, int] = defaultdict(int)
     for table, column in THREAD_TABLES.items():
-        if not tables.get(table):
+        if table not in sizes:
             continue
         query = sql.SQL(
             "SELECT t.agent, sum(pg_column_size(x.*))::bigint AS bytes, count(*) AS n,"
             " coalesce(sum(pg_column_size(x.*)) FILTER (WHERE t.old), 0)::bigint AS old_bytes"
-            " FROM {table} x LEFT JOIN cairn_capacity_threads t ON t.thread_id = x.{column}"
+            " FROM {table} x LEFT JOIN ({ages}) t ON t.thread_id = x.{column}"
             " GROUP BY t.agent"
-        ).format(table=sql.Identifier(table), column=sql.Identifier(column))
-        cur = await conn.execute(query)
+        ).format(table=sql.Identifier(table), column=sql.Identifier(column), ages=_AGES)
+        cur = await conn.execute(query, age)
         rows = {row["agent"]: row for row in await cur.fetchall()}
         whole = sum(int(row["bytes"] or 0) for row in rows.values())
+        size = grown(sizes, table, whole)
         for agent, row in rows.items():
             if agent is not None and whole:
-                found[agent][table] = round(tables[table] * int(row["bytes"] or 0) / whole)
+                found[agent][table] = round(size * int(row["bytes"] or 0) / whole)
                 counted[agent][table] = int(row["n"])
-                old[agent] += round(tables[table] * int(row["old_bytes"]) / whole)
+                old[agent] += round(size * int(row["old_bytes"]) / whole)
     return dict(found), dict(counted), dict(old)
 
 
-async def _store(
-    conn: AsyncConnection[DictRow], tables: Mapping[str, int]
-) -> dict[str, tuple[int, int]]:
-    """Per kind of namespace: the store tables' size split by rows' bytes, and the item count."""
+async def _store(conn: AsyncConnection[DictRow], sizes: Sizes) -> dict[str, tuple[int, int]]:
+    """Per kind of namespace: the store tables' growing size split by rows' bytes, and the item
+    count."""
     query = sql.SQL(
         "SELECT {kind} AS kind, count(*) AS items, sum(pg_column_size(s.*))::bigint AS item_bytes,"
         " coalesce(sum(v.bytes), 0)::bigint AS vector_bytes FROM store s LEFT JOIN ("
@@ -271,10 +272,12 @@ async def _store(
     rows = await cur.fetchall()
     items_whole = sum(int(r["item_bytes"] or 0) for r in rows)
     vectors_whole = sum(int(r["vector_bytes"] or 0) for r in rows)
+    items_size = grown(sizes, "store", items_whole)
+    vectors_size = grown(sizes, "store_vectors", vectors_whole)
     found = {}
     for row in rows:
-        share = tables.get("store", 0) * int(row["item_bytes"] or 0) / (items_whole or 1)
-        share += tables.get("store_vectors", 0) * int(row["vector_bytes"]) / (vectors_whole or 1)
+        share = items_size * int(row["item_bytes"] or 0) / (items_whole or 1)
+        share += vectors_size * int(row["vector_bytes"]) / (vectors_whole or 1)
         found[row["kind"]] = (round(share), int(row["items"]))
     return found
 

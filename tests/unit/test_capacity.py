@@ -18,7 +18,7 @@ from graphs.core.capacity import (
     recommend,
     storage_bytes,
 )
-from graphs.core.measured import INNER_NODE, NODE_METRICS, figures
+from graphs.core.measured import INNER_NODE, NODE_METRICS, figures, grown
 from graphs.planner.graph import INNER_CALLS_ESTIMATE, STEP_NODES, review_request
 
 
@@ -209,3 +209,11 @@ def test_the_review_estimate_uses_measured_calls_per_step():
     assert measured["estimated_model_calls"] == 1 + math.ceil(3 * 5.5)
     capped = review_request(state, budget=2, max_rounds=3, inner_calls=1.0)
     assert capped["estimated_model_calls"] == 1 + 2 * 2
+
+
+def test_a_tables_growth_leaves_out_its_first_pages_but_never_its_rows():
+    sizes = {"big": (10_000_000, 40_960), "tiny": (40_960, 40_960)}
+    assert grown(sizes, "big", 9_000_000) == 10_000_000 - 40_960
+    assert grown(sizes, "tiny", 2_000) == 2_000  # a few rows in pages that exist anyway
+    assert grown(sizes, "tiny", 100_000) == 40_960  # never more than the table
+    assert grown(sizes, "missing", 10) == 0
