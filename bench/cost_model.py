@@ -163,8 +163,8 @@ def operator(args: argparse.Namespace, settings: Settings, daily_users: int) -> 
     )
 
 
-def print_measured(pilot: Pilot, out: Out) -> None:
-    out("== Measured (this deployment's Postgres)")
+def print_measured(pilot: Pilot, out: Out, *, source: str) -> None:
+    out(f"== Measured ({source})")
     out(f"users with runs {pilot.users:,}; runs recorded {pilot.total_runs:,}")
     for agent in pilot.agents.values():
         print_agent(agent, out)
@@ -323,6 +323,7 @@ async def scripted_pilot(conversations: int) -> str:
 
     url = await asyncio.to_thread(_throwaway_postgres)
     shape = PilotShape(2 * conversations, conversations, conversations, max(1, conversations // 2))
+    # Twice as many Assistant conversations: the chat is what most messages go to.
     await run_pilot(url, shape)
     return url
 
@@ -334,7 +335,12 @@ async def amain(argv: Sequence[str] | None = None, out: Out = print) -> None:
     if not pilot.total_runs:
         out("No runs recorded yet: serve a few conversations (make run), then run this again.")
         return
-    print_measured(pilot, out)
+    source = (
+        f"a scripted pilot: {args.pilot} Planner and Research, {2 * args.pilot} Assistant conversations"
+        if args.pilot
+        else "this deployment's Postgres"
+    )
+    print_measured(pilot, out, source=source)
     print_budgets(recommendations(pilot, settings), out)
     for daily_users in args.daily_users:
         op = operator(args, settings, daily_users)
