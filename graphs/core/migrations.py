@@ -618,7 +618,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0106_sign_out", SIGN_OUT_SQL),
     Migration("0107_usage", USAGE_SQL),
     Migration("0108_shared_limits", SHARED_LIMITS_SQL),
-    Migration("0109_usage_roles", USAGE_ROLES_SQL),
+    Migration("0111_usage_roles", USAGE_ROLES_SQL),
 )
 
 

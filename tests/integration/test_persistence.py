@@ -84,7 +84,7 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0106_sign_out",
         "0107_usage",
         "0108_shared_limits",
-        "0109_usage_roles",
+        "0111_usage_roles",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)
