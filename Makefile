@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 PORT ?= 8000
 
-.PHONY: run cluster test unit integration e2e lint bench bench-capacity bench-recovery eval reembed browser nginx clean install lock upgrade
+.PHONY: run cluster test unit integration e2e lint bench bench-capacity bench-recovery eval reembed capacity browser nginx clean install lock upgrade
 
 # Exactly the locked set, every file checked against its hash, then Cairn itself with nothing
 # resolved (README: "Installing and upgrading"). Redone only when the lock or pyproject changes.
@@ -101,6 +101,15 @@ eval: $(STAMP)
 ARGS ?= status
 reembed: $(STAMP)
 	$(BIN)/python -m graphs.memory.reembed $(ARGS)
+
+# The capacity and cost model on this deployment's Postgres (README: "Capacity and cost"): what
+# was measured, budgets from percentiles, forecasts and the first resource to run out. Inputs as
+# variables, e.g. `make capacity DAU=10000,1000000 RUNS_PER_USER=10 RPM=10000 TPM=2000000`
+# (also PEAK_FACTOR, RETENTION_DAYS, DISK_GB, PG_WRITES_PER_S, SESSIONS_PER_WORKER; prices from
+# CAIRN_MODEL_PRICES); `make capacity CAPACITY_ARGS="--pilot 40"` measures a scripted pilot in a
+# throwaway Postgres instead; CAPACITY_ARGS=--help lists every flag.
+capacity: $(STAMP)
+	$(BIN)/python -m bench.cost_model $(CAPACITY_ARGS)
 
 clean:
 	rm -rf $(VENV) .data .files .pytest_cache .mypy_cache .ruff_cache

@@ -221,6 +221,9 @@ class AgentSpec:
     signals: Callable[[dict[str, Any], RunUsage], Mapping[str, float]] | None = None
     """Quality figures of a finished run for /metrics (cairn_run_signals), from its final
     state and what it used; read only for agents that declare it (one state read a run)."""
+    step_nodes: tuple[str, str] | None = None
+    """(its step node, the inner node that makes one model call): each run's context carries
+    the measured model calls per step (Context.step_model_calls) for its cost estimate."""
 
     def interrupt_kind(self, value: Any) -> InterruptKind | None:
         name = value.get("kind") if isinstance(value, dict) else None
@@ -834,6 +837,7 @@ class Runner:
                 try:
                     if answering is not None:
                         await surface.clear_prompt(answering)
+                    context = await self._measured(spec, context)
                     try:
                         config = await self._start_config(graph, spec, context.thread_id, start)
                     except ThreadBusy:  # an edit overtaken by another run: nothing changes
@@ -981,6 +985,14 @@ class Runner:
             log.warning("signals of a %s run not read: %s", spec.key, exc)
             return
         metrics.observe_run_signals(spec.key, spec.signals(state.values, usage))
+
+    async def _measured(self, spec: AgentSpec, context: Context) -> Context:
+        """The context with the agent's measured model calls per step, when it has steps."""
+        if self.usage is None or spec.step_nodes is None:
+            return context
+        step, inner = spec.step_nodes
+        calls = await self.usage.step_model_calls(spec.key, step=step, inner=inner)
+        return replace(context, step_model_calls=calls)
 
     async def _settle(
         self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float

@@ -17,6 +17,9 @@ class Context:
     """Which chat profile started the run."""
     memory: bool = True
     """False for a temporary chat: long-term memory is neither read nor written."""
+    step_model_calls: float | None = None
+    """Inner model calls per executed step, the median of this agent's recent runs, for the
+    estimate shown before a plan is approved; None: not measured yet (the graph's constant)."""
 
     def __post_init__(self) -> None:
         if not self.user_id or not self.thread_id:

@@ -616,6 +616,12 @@ CREATE INDEX IF NOT EXISTS cairn_element_files_thread ON cairn_element_files (th
 CREATE INDEX IF NOT EXISTS cairn_element_files_user ON cairn_element_files (user_id);
 """
 
+# Each run's tokens per model role ({"chat": [input, output]}), so `make capacity` can price
+# recorded runs at other prices than the ones in force when they ran.
+USAGE_ROLES_SQL = """
+ALTER TABLE cairn_usage ADD COLUMN IF NOT EXISTS roles jsonb NOT NULL DEFAULT '{}';
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -638,6 +644,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0108_shared_limits", SHARED_LIMITS_SQL),
     Migration("0109_run_edits", RUN_EDITS_SQL),
     Migration("0110_element_files", ELEMENT_FILES_SQL),
+    Migration("0111_usage_roles", USAGE_ROLES_SQL),
 )
 
 

@@ -53,6 +53,8 @@ class RunUsage:
     cost: float = 0.0
     nodes: Counter[str] = field(default_factory=Counter)
     """Graph node runs by name (planner steps, replans, critique rounds ...)."""
+    roles: dict[str, list[int]] = field(default_factory=dict)
+    """Input and output tokens per model role, to price the run at other prices later."""
 
     @property
     def tokens(self) -> int:
@@ -61,6 +63,9 @@ class RunUsage:
     def add(self, role: str, prices: Prices, input_tokens: int, output_tokens: int) -> None:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
+        by_role = self.roles.setdefault(role, [0, 0])
+        by_role[0] += input_tokens
+        by_role[1] += output_tokens
         price_in, price_out = prices.get(role) or prices.get(DEFAULT_ROLE) or (0.0, 0.0)
         self.cost += (input_tokens * price_in + output_tokens * price_out) / 1000
 
@@ -238,6 +243,14 @@ _ESTIMATE = (
     " ORDER BY created_at DESC LIMIT %(window)s) recent"
 )
 
+_STEP_CALLS = (
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY calls) AS calls FROM ("
+    " SELECT coalesce((nodes->>%(inner)s)::float8, 0) / (nodes->>%(step)s)::float8 AS calls"
+    " FROM cairn_usage WHERE agent = %(agent)s AND status IN ('done', 'paused')"
+    " AND coalesce((nodes->>%(step)s)::int, 0) > 0"
+    " ORDER BY created_at DESC LIMIT %(window)s) recent"
+)
+
 
 class UsageLedger:
     """The cairn_usage table: a row per run, reserved against the user's monthly budget when
@@ -298,6 +311,17 @@ class UsageLedger:
             )
         return Admission(run_id, tokens, cost)
 
+    async def step_model_calls(self, agent: str, *, step: str, inner: str) -> float | None:
+        """The median of `inner` node runs (one model call each) per run of `step` over the
+        agent's recent finished runs; None before any of them ran a step."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _STEP_CALLS,
+                {"agent": agent, "step": step, "inner": inner, "window": ESTIMATE_WINDOW},
+            )
+            row = await cur.fetchone()
+        return float(row["calls"]) if row is not None and row["calls"] is not None else None
+
     def _check(self, month: MonthUsage, tokens: int, cost: float) -> None:
         committed_tokens = month.tokens + month.reserved_tokens
         committed_cost = month.cost + month.reserved_cost
@@ -316,7 +340,7 @@ class UsageLedger:
             await conn.execute(
                 "UPDATE cairn_usage SET status = %(status)s, model_calls = %(calls)s,"
                 " input_tokens = %(input)s, output_tokens = %(output)s, tool_calls = %(tools)s,"
-                " subagents = %(subagents)s, nodes = %(nodes)s, cost = %(cost)s,"
+                " subagents = %(subagents)s, nodes = %(nodes)s, roles = %(roles)s, cost = %(cost)s,"
                 " wall_s = %(wall)s, reserved_tokens = 0, reserved_cost = 0,"
                 " finished_at = now() WHERE run_id = %(run)s",
                 {
@@ -328,6 +352,7 @@ class UsageLedger:
                     "tools": usage.tool_calls,
                     "subagents": usage.subagents,
                     "nodes": Jsonb(dict(usage.nodes)),
+                    "roles": Jsonb(usage.roles),
                     "cost": usage.cost,
                     "wall": wall_s,
                 },

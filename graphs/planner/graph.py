@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar
@@ -52,7 +53,10 @@ EXECUTOR_MODEL_CALLS = 6
 TOOL_CALLS_PER_REPLY = 3
 """Tool calls one executor reply may run; the rest of a longer batch are dropped."""
 INNER_CALLS_ESTIMATE = 3
-"""Typical executor model calls per step, for the estimate shown at review."""
+"""Executor model calls per step for the estimate shown at review, until runs measured it."""
+STEP_NODES = ("execute_step", "act")
+"""The step node and the executor's model node (one call per run): usage counts both, and
+their ratio over recent runs replaces INNER_CALLS_ESTIMATE (Context.step_model_calls)."""
 MAX_INVALID_ANSWERS = 3
 """Malformed review answers before the review gives up and ends the run."""
 RECENT_STEPS_IN_FULL = 3
@@ -161,7 +165,12 @@ async def review_plan(
 ) -> Command[Literal["plan", "review_plan", "execute_step", "__end__"]]:
     """Pause for the reviewer. Nothing before interrupt() has side effects: it re-runs."""
     rounds = state.get("review_rounds", 0)
-    request = review_request(state, budget=deps.budget, max_rounds=deps.max_rounds)
+    request = review_request(
+        state,
+        budget=deps.budget,
+        max_rounds=deps.max_rounds,
+        inner_calls=runtime.context.step_model_calls if runtime.context else None,
+    )
     decision: ReviewDecision | None = None
     for _ in range(MAX_INVALID_ANSWERS):
         decision, error = parse_review(interrupt(request), edits_left=deps.max_rounds - rounds)
@@ -408,11 +417,15 @@ def check_contiguous(past: list[StepRecord]) -> None:
         raise RuntimeError(msg)
 
 
-def review_request(state: State, *, budget: int, max_rounds: int) -> dict[str, Any]:
-    """What the reviewer sees: the plan, the budget and the expected number of model calls."""
+def review_request(
+    state: State, *, budget: int, max_rounds: int, inner_calls: float | None = None
+) -> dict[str, Any]:
+    """What the reviewer sees: the plan, the budget and the expected number of model calls
+    (each step's executor calls as measured, `inner_calls`, else the constant, plus a replan)."""
     plan = list(state.get("plan", []))
     rounds = state.get("review_rounds", 0)
     steps = min(len(plan), budget)
+    per_step = INNER_CALLS_ESTIMATE if inner_calls is None else inner_calls
     return {
         "kind": "planner_review",
         "goal": state.get("input", ""),
@@ -420,7 +433,7 @@ def review_request(state: State, *, budget: int, max_rounds: int) -> dict[str, A
         "completed": [step for _, step, _ in map(step_parts, state.get("past_steps", []))],
         "replanned": bool(state.get("needs_review")),
         "step_budget": budget,
-        "estimated_model_calls": 1 + rounds + steps * (INNER_CALLS_ESTIMATE + 1),
+        "estimated_model_calls": 1 + rounds + math.ceil(steps * (per_step + 1)),
         "edits_left": max(0, max_rounds - rounds),
     }
 

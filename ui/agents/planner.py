@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from graphs.core.settings import get_settings
-from graphs.planner.graph import build_graph
+from graphs.planner.graph import STEP_NODES, build_graph
 from ui.runner import AgentSpec, AnswerRejected, InterruptKind, McpTool, Starter
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ SPEC = AgentSpec(
         Starter(label="Why customers left", message="Why did customers churn last quarter?"),
         Starter(label="Revenue by region", message="What was revenue by region last quarter?"),
     ),
+    step_nodes=STEP_NODES,
     mcp=McpTool(
         name="run_planner",
         title="Plan and run an analysis",
