@@ -136,7 +136,8 @@ def test_each_agent_welcomes_with_what_it_does_and_its_starters(support_server, 
     # A starter sends its message to the chosen agent (here the last one listed).
     starter = AGENTS[-1].starters[0]
     page.locator("#starters").get_by_text(starter.label).click()
-    expect(page.get_by_text(starter.message, exact=True)).to_be_visible()
+    # In the conversation (the sidebar names the conversation after it too).
+    expect(page.get_by_role("main").get_by_text(starter.message, exact=True)).to_be_visible()
     assert errors == []
     page.context.close()
 

@@ -90,6 +90,7 @@ def test_another_users_thread_url_looks_like_a_missing_one(app_server, browser):
     expect(alice.get_by_text("You said: alice diary 4410")).to_be_visible()
     alice.wait_for_url(THREAD_URL)
     thread_id = THREAD_URL.match(alice.url).group(1)
+    expect(alice.get_by_text("Usage")).to_be_visible()  # the turn's last step
     alice.context.close()
     before = _thread_steps(app_server.database_url, thread_id)
 

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import create_database
-from tests.e2e.conftest import AppServer, login
+from tests.e2e.conftest import AppServer, keep_logs, login
 from tests.e2e.test_chat import checkpoint_messages, send
 from tests.pg_restart import RestartablePostgres
 
@@ -40,6 +40,7 @@ def outage_app() -> Iterator[tuple[AppServer, RestartablePostgres]]:
                 if not postgres.reachable():
                     postgres.start()
                 server.stop()
+                keep_logs(Path(folder))
     finally:
         postgres.close()
 

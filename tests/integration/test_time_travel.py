@@ -66,6 +66,8 @@ class Runtime:
     accounts: Any = None
     memory_jobs: Any = None
     port: Any = None
+    usage: Any = None
+    """The usage ledger (none here: the page shows no usage)."""
     """The chat port (set below: the Chainlit adapter's, on the test database)."""
     signed_in: list[str] = field(default_factory=list)
 

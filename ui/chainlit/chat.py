@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import chainlit as cl
 from chainlit.auth.jwt import get_jwt_secret
+from chainlit.data import get_data_layer
 from chainlit.input_widget import InputWidget, Switch
 from chainlit.types import ThreadDict
 from pydantic import BaseModel
@@ -142,6 +143,8 @@ def _prefetch_recall_query(runtime: AppRuntime, text: str) -> None:
         prefetch(text)
 
 
+RETRY_SETTLE_S = 10.0
+"""How long a Retry waits for the writes held during an outage to be stored."""
 MESSAGE_GONE = "That message is no longer in this conversation; please send it again."
 
 
@@ -349,6 +352,11 @@ class ChatHandlers:
     ) -> None:
         """Retry of a message that failed while the database was away: its text is read back
         from the stored conversation (a payload's text would be the client's word)."""
+        pending = getattr(get_data_layer(), "pending", None)
+        if pending is not None:
+            # Pressed as Postgres comes back: the message itself may still be held in this
+            # worker (ui/chainlit/data_layer.py PendingWrites), not stored yet.
+            await pending.settled(RETRY_SETTLE_S)
         try:
             text = await stored_user_message(runtime.pool, thread_id, message_id)
         except Exception as exc:

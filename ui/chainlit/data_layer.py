@@ -247,6 +247,14 @@ class PendingWrites:
             self._writes.popleft()
         log.info("conversation writes held during the outage are stored")
 
+    async def settled(self, timeout_s: float) -> bool:
+        """Wait, up to `timeout_s`, until the writes held during an outage are stored; whether
+        they are (a Retry pressed as Postgres comes back reads the message they hold)."""
+        task = self._task
+        if self._writes and task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+        return not self._writes
+
     async def write(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """Now, or after the writes already waiting (order kept) if Postgres is away."""
         if self._writes:

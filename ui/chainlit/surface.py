@@ -202,6 +202,8 @@ async def show_usage(usage: RunUsage) -> None:
     """A run's tokens and estimated cost below its reply: a closed step, out of the way."""
     step = cl.Step(name="Usage", type="tool", default_open=False, show_input=False)
     step.output = usage.summary()
+    # Sent finished, so the data layer stores it with the reply at once (an open step waits).
+    step.start = step.end = utc_now()
     await step.send()
 
 
