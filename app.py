@@ -149,12 +149,11 @@ def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
 
 
 def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None:
-    """Outermost last: security headers on every answer, the drain, Chainlit's request guard,
-    the ended-session check (an ended session is told so, wherever it comes from), the origin
-    check and the upload limit."""
+    """Outermost last: security headers on every answer, the drain, the origin check (before
+    anything acts on the request: the ended-session check records a sign-out), Chainlit's
+    request guard, the ended-session check and the upload limit."""
     settings = state.settings
     app.add_middleware(UploadSizeLimit, max_bytes=settings.max_upload_mb * 1024 * 1024)
-    app.add_middleware(OriginGuard, origins=origins)
     app.add_middleware(
         EndedSessionGuard,
         tokens=app.state.session_tokens,
@@ -163,6 +162,7 @@ def _add_middleware(app: FastAPI, state: AppRuntime, origins: list[str]) -> None
     )
     # A malformed body to a Chainlit route is refused before anything else reads it.
     app.add_middleware(adapter.RequestGuard)
+    app.add_middleware(OriginGuard, origins=origins)
     app.add_middleware(SessionCookieFlags, secure=state.public_url.startswith("https://"))
     app.add_middleware(DrainGuard, draining=lambda: state.draining)
     app.add_middleware(

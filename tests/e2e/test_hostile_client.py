@@ -82,6 +82,7 @@ class ChatSocket:
             "createdAt": datetime.now(UTC).isoformat(),
             "metadata": {},
         }
+        sent = len(self.events)
         await self.client.emit("client_message", {"message": step, "fileReferences": None})
         _, reply = await self.wait_for(
             lambda e, d: (
@@ -90,6 +91,12 @@ class ChatSocket:
                 and f"You said: {text}" in str(d.get("output"))
             )
         )
+        # The turn's last step (its usage) comes after the reply: the turn is over once it has.
+        async with asyncio.timeout(20):
+            while not any(
+                isinstance(d, dict) and d.get("name") == "Usage" for _, d in self.events[sent:]
+            ):
+                await asyncio.sleep(0.05)
         return str(reply["output"])
 
     def thread_id(self) -> str:
