@@ -8,7 +8,14 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, HumanMessage
 
-from graphs.core.offline import OfflineChatModel, Turn, bullet_lines, fenced_blocks, say
+from graphs.core.offline import (
+    OfflineChatModel,
+    Turn,
+    bullet_lines,
+    echoed,
+    fenced_blocks,
+    say,
+)
 from graphs.memory.policy import MemoryOp, MemoryOps
 
 _REMEMBER = re.compile(r"^\s*(?:please\s+)?remember(?:\s+that)?\s+(.+?)\s*[.!]?\s*$", re.I | re.S)
@@ -94,7 +101,7 @@ def _memory_call(turn: Turn) -> tuple[str, dict[str, Any]] | None:
 
 def _echo(turn: Turn) -> str:
     """Echo the user, and show which memories recall put into the prompt (its fenced lines)."""
-    said = f"You said: {turn.request[:200]}"
+    said = f"You said: {echoed(turn.request)[:200]}"
     remembered = [line for block in fenced_blocks(turn.data) for line in bullet_lines(block)]
     if not remembered:
         return said

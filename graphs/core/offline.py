@@ -13,6 +13,7 @@ subclass overriding `respond` and `answer`, both given a `Turn`.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -157,6 +158,15 @@ def first_sentence(text: str) -> str:
     return re.split(r"(?<=[.!?])\s", " ".join(text.split()), maxsplit=1)[0]
 
 
+_ATTACHMENT = re.compile(r'<attachment name="([^"]*)">.*?</attachment>', re.S)
+
+
+def echoed(text: str) -> str:
+    """The user's words as an echo shows them: an attached file (ui/input.py `compose`) by its
+    name, not as the delimited block the model reads."""
+    return _ATTACHMENT.sub(lambda m: f"[attached: {html.unescape(m[1])}]", text)
+
+
 def truncate(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -269,7 +279,7 @@ class OfflineChatModel(BaseChatModel):
         if isinstance(turn.last, ToolMessage):
             name, result = turn.results[-1]
             return say(f"{name} returned: {truncate(result)}")
-        return say(f"You said: {truncate(turn.request)}")
+        return say(f"You said: {truncate(echoed(turn.request))}")
 
     def _structured(self, schema: dict[str, Any] | type, messages: list[BaseMessage]) -> Any:
         turn = Turn(list(messages), self.tool_names)

@@ -304,3 +304,15 @@ def test_scripted_fake_streams_tool_calls_and_pops_structured_outputs() -> None:
     assert fake.with_structured_output(Step).invoke("plan") is step
     with pytest.raises(AssertionError, match="ran out"):
         fake.invoke("more")
+
+
+def test_an_echo_names_an_attached_file_instead_of_its_delimited_block() -> None:
+    from graphs.assistant.offline import offline_assistant
+    from ui.input import Attachment, compose
+
+    text = compose("please read this", [Attachment(name="notes & plans.txt", text="line one")])
+    reply = offline_assistant().invoke([HumanMessage(text)])
+    assert "You said: please read this" in reply.text
+    assert "[attached: notes & plans.txt]" in reply.text
+    assert "<attachment" not in reply.text
+    assert "line one" not in reply.text
