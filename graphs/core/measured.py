@@ -82,7 +82,7 @@ async def measure(pool: Pool, *, prune_after_hours: float = 168.0) -> Pilot:
         thread_bytes, thread_rows, old_bytes = await _thread_bytes(conn, sizes, age)
         cur = await conn.execute(_OLD_THREADS, age)
         old_threads = {row["agent"]: int(row["n"]) for row in await cur.fetchall()}
-        store = await _store(conn, sizes)
+        store_sizes = await _store(conn, sizes)
         agents = {}
         for agent in sorted(set(threads) | set(runs)):
             cur = await conn.execute(
@@ -97,20 +97,20 @@ async def measure(pool: Pool, *, prune_after_hours: float = 168.0) -> Pilot:
                 thread_bytes=thread_bytes.get(agent, {}),
                 thread_rows=thread_rows.get(agent, {}),
                 old=(old_threads.get(agent, 0), old_bytes.get(agent, 0)),
-                store=store.get(agent, (0, 0)),
+                store=store_sizes.get(agent, (0, 0)),
             )
         run_bytes = sum([await _grown(conn, sizes, table) for table in RUN_TABLES])
         totals = await _totals(conn)
         vectors = await _vectors(conn)
     growing = run_bytes + sum(sum(b.values()) for b in thread_bytes.values())
-    growing += sum(bytes_ for kind, (bytes_, _) in store.items() if kind != "shared")
+    growing += sum(bytes_ for kind, (bytes_, _) in store_sizes.items() if kind != "shared")
     return Pilot(
         agents=agents,
         users=int(totals["users"]),
         total_runs=int(totals["runs"]),
         fixed_bytes=sum(size for size, _ in sizes.values()) - growing,
         run_bytes=run_bytes,
-        other_store_bytes=store.get("other", (0, 0))[0],
+        other_store_bytes=store_sizes.get("other", (0, 0))[0],
         row_writes=int(totals["row_writes"]),
         transactions=int(totals["transactions"]),
         max_connections=int(totals["max_connections"]),
