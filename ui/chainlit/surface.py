@@ -15,6 +15,7 @@ from chainlit.utils import utc_now
 
 from ui.chainlit.actions import ANSWER_ACTION, RETRY_ACTION
 from ui.chainlit.patches.sessions import task_signals
+from ui.surface import HeadlessView
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -271,30 +272,17 @@ class ChatSurface:
             yield
 
 
-class PlainView:
-    """An agent without a presentation module: its reply, streamed, and nothing else."""
+class PlainView(HeadlessView):
+    """An agent without a presentation module: its reply once the run is done, and nothing
+    else (the headless view's reading of the finished state, sent to the chat)."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.reply: Any = None
         self.first_token_at: float | None = None
 
-    async def begin(self, load_state: LoadState) -> None:
-        return None
-
-    async def token(self, namespace: tuple[str, ...], token: Any, meta: dict[str, Any]) -> None:
-        return None
-
-    async def update(self, namespace: tuple[str, ...], node: str, delta: Any) -> None:
-        return None
-
-    async def task(self, namespace: tuple[str, ...], event: dict[str, Any]) -> None:
-        return None
-
     async def end(self, status: Status, load_state: LoadState) -> str | None:
-        if status != "done":
-            return None
-        text = self.spec.reply_text((await load_state()).values)
+        text = await super().end(status, load_state)
         if text:
             self.reply = new_reply()
             self.reply.content = text
