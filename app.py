@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runtime = state
+    app.state.workspaces = state.workspaces
     app.state.session_tokens = SessionTokens(secret=auth_secret, from_cookies=session_token)
     output_guard.configure(public_url=public_url, image_origins=settings.image_allowed_origins)
     storage = adapter.element_storage(settings, state.pool)

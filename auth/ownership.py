@@ -26,17 +26,50 @@ class OwnedThread:
     """The agent the thread was started with; it wins over whatever profile is asked for now."""
     temporary: bool
     """A temporary chat: long-term memory is neither read nor written for it."""
+    workspace_id: str | None = None
+    """The team workspace it belongs to (auth/workspaces.py); None: the owner's personal one."""
 
+
+_LIVE_TEAM = (
+    "EXISTS (SELECT 1 FROM cairn_workspace_members m WHERE m.workspace_id = {ws} "
+    "AND m.user_id = {user} AND m.disabled_at IS NULL)"
+)
+"""A thread of a team workspace is usable only while its owner is a live member there."""
 
 _CLAIM = (
-    f"WITH {fence.STATEMENT_CTE} "  # noqa: S608 (constants only)
-    "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary) "
-    "SELECT %(thread)s, %(user)s, %(agent)s, %(temporary)s FROM fence WHERE fence.ok "
+    f"WITH {fence.STATEMENT_CTE}, "  # noqa: S608 (constants only)
+    # A new thread goes to the workspace the user has active, if it is a team they are a live
+    # member of (else the personal one: NULL).
+    "active AS (SELECT a.workspace_id FROM cairn_active_workspace a "
+    "JOIN cairn_workspaces w ON w.id = a.workspace_id AND w.personal_of IS NULL "
+    "WHERE a.user_id = %(user)s AND "
+    + _LIVE_TEAM.format(ws="a.workspace_id", user="a.user_id")
+    + ") "
+    "INSERT INTO cairn_threads (thread_id, owner_id, agent, temporary, workspace_id) "
+    "SELECT %(thread)s, %(user)s, %(agent)s, %(temporary)s, (SELECT workspace_id FROM active) "
+    "FROM fence WHERE fence.ok "
     "ON CONFLICT (thread_id) DO UPDATE SET last_active_at = now(), "
     "temporary = cairn_threads.temporary OR EXCLUDED.temporary "
-    "WHERE cairn_threads.owner_id = EXCLUDED.owner_id "
-    "RETURNING agent, temporary"
+    "WHERE cairn_threads.owner_id = EXCLUDED.owner_id AND (cairn_threads.workspace_id IS NULL "
+    "OR "
+    + _LIVE_TEAM.format(ws="cairn_threads.workspace_id", user="cairn_threads.owner_id")
+    + ") RETURNING agent, temporary, workspace_id"
 )
+
+_RECORD = (
+    "SELECT t.owner_id, t.agent, t.temporary, t.workspace_id, (t.workspace_id IS NULL OR "  # noqa: S608
+    + _LIVE_TEAM.format(ws="t.workspace_id", user="t.owner_id")
+    + ") AS usable FROM cairn_threads t WHERE t.thread_id = %s"
+)
+
+
+def _owned(row: dict[str, object]) -> OwnedThread:
+    workspace = row["workspace_id"]
+    return OwnedThread(
+        agent=str(row["agent"]),
+        temporary=bool(row["temporary"]),
+        workspace_id=str(workspace) if workspace is not None else None,
+    )
 
 
 async def claim_thread(
@@ -60,22 +93,19 @@ async def claim_thread(
     if row is None:
         log.warning("refused: user %s tried to use thread %s owned by another", user_id, thread_id)
         raise ThreadNotFound
-    return OwnedThread(agent=str(row["agent"]), temporary=bool(row["temporary"]))
+    return _owned(row)
 
 
 async def require_owner(pool: Pool, *, thread_id: str, user_id: str) -> OwnedThread:
     """Check user_id owns thread_id. Unknown and foreign threads look alike."""
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT owner_id, agent, temporary FROM cairn_threads WHERE thread_id = %s",
-            (thread_id,),
-        )
+        cur = await conn.execute(_RECORD, (thread_id,))
         row = await cur.fetchone()
-    if row is None or row["owner_id"] != user_id:
+    if row is None or row["owner_id"] != user_id or not row["usable"]:
         if row is not None:
-            log.warning("refused: user %s asked for thread %s of another user", user_id, thread_id)
+            log.warning("refused: user %s asked for thread %s they may not use", user_id, thread_id)
         raise ThreadNotFound
-    return OwnedThread(agent=str(row["agent"]), temporary=bool(row["temporary"]))
+    return _owned(row)
 
 
 async def mark_temporary(pool: Pool, *, thread_id: str, user_id: str) -> bool:
@@ -105,13 +135,8 @@ async def thread_record(pool: Pool, *, thread_id: str) -> tuple[str, OwnedThread
     """A thread's owner and record, for the support role and for background jobs that have
     checked ownership themselves (everyone else: require_owner)."""
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT owner_id, agent, temporary FROM cairn_threads WHERE thread_id = %s",
-            (thread_id,),
-        )
+        cur = await conn.execute(_RECORD, (thread_id,))
         row = await cur.fetchone()
     if row is None:
         return None
-    return str(row["owner_id"]), OwnedThread(
-        agent=str(row["agent"]), temporary=bool(row["temporary"])
-    )
+    return str(row["owner_id"]), _owned(row)

@@ -14,6 +14,7 @@ from auth.local_accounts import LocalAccounts
 from auth.ownership import thread_record
 from auth.sessions import SessionRevocations
 from auth.tokens import AccessTokens
+from auth.workspaces import Workspaces
 from graphs.assistant.offline import offline_assistant
 from graphs.core.embedded import open_embedded, supervise_forever
 from graphs.core.models import chat_model
@@ -77,6 +78,8 @@ class AppRuntime:
     memory_jobs: MemoryJobs | None = None
     tokens: AccessTokens | None = None
     """Personal access tokens for the MCP endpoint."""
+    workspaces: Workspaces | None = None
+    """Teams, roles, invitations and the audit log (auth/workspaces.py)."""
     usage: UsageLedger | None = None
     """Every run's model use, and each user's monthly budget (graphs/core/usage.py)."""
     journal: RunJournal | None = None
@@ -148,6 +151,7 @@ def open_runtime(settings: Settings, *, public_url: str, auth_secret: str) -> Ap
         tracing=configure_tracing(settings, auth_secret=auth_secret),
         support_audit=SupportAudit(pool),
         revocations=SessionRevocations(pool),
+        workspaces=Workspaces(pool),
         usage=UsageLedger.from_settings(pool, settings),
     )
 

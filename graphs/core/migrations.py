@@ -622,6 +622,68 @@ USAGE_ROLES_SQL = """
 ALTER TABLE cairn_usage ADD COLUMN IF NOT EXISTS roles jsonb NOT NULL DEFAULT '{}';
 """
 
+# Workspaces (auth/workspaces.py): teams with roles. Every user has a personal workspace (made
+# on first use); a conversation, token, plan gallery and source-reliability memory belongs to
+# one. cairn_threads.workspace_id NULL is the owner's personal workspace (threads made before
+# workspaces existed need no backfill). The audit log is per workspace; its rows name users
+# by id and are kept when a member leaves (their personal data goes with them, not the record
+# that they were invited or changed a role).
+WORKSPACES_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_workspaces (
+    id text PRIMARY KEY,
+    name text NOT NULL CHECK (length(name) BETWEEN 1 AND 80),
+    personal_of text UNIQUE,
+    settings jsonb NOT NULL DEFAULT '{}',
+    created_by text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS cairn_workspace_members (
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    user_id text NOT NULL,
+    role text NOT NULL CHECK (role IN ('owner', 'admin', 'member', 'reviewer')),
+    source text NOT NULL DEFAULT 'invite' CHECK (source IN ('personal', 'created', 'invite', 'oidc')),
+    display_name text,
+    joined_at timestamptz NOT NULL DEFAULT now(),
+    disabled_at timestamptz,
+    PRIMARY KEY (workspace_id, user_id)
+);
+CREATE INDEX IF NOT EXISTS cairn_workspace_members_user ON cairn_workspace_members (user_id);
+CREATE TABLE IF NOT EXISTS cairn_active_workspace (
+    user_id text PRIMARY KEY,
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS cairn_workspace_invites (
+    code_hash text PRIMARY KEY,
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    role text NOT NULL CHECK (role IN ('admin', 'member', 'reviewer')),
+    created_by text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    used_by text,
+    used_at timestamptz,
+    revoked_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS cairn_workspace_invites_ws ON cairn_workspace_invites (workspace_id);
+CREATE TABLE IF NOT EXISTS cairn_workspace_audit (
+    id bigserial PRIMARY KEY,
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    actor_id text,
+    subject_id text,
+    action text NOT NULL,
+    detail jsonb NOT NULL DEFAULT '{}',
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS cairn_workspace_audit_ws ON cairn_workspace_audit (workspace_id, id);
+CREATE INDEX IF NOT EXISTS cairn_workspace_audit_actor ON cairn_workspace_audit (actor_id);
+CREATE INDEX IF NOT EXISTS cairn_workspace_audit_subject ON cairn_workspace_audit (subject_id);
+ALTER TABLE cairn_threads ADD COLUMN IF NOT EXISTS workspace_id text
+    REFERENCES cairn_workspaces(id) ON DELETE SET NULL;
+CREATE INDEX IF NOT EXISTS cairn_threads_workspace ON cairn_threads (workspace_id)
+    WHERE workspace_id IS NOT NULL;
+ALTER TABLE cairn_access_tokens ADD COLUMN IF NOT EXISTS workspace_id text
+    REFERENCES cairn_workspaces(id) ON DELETE CASCADE;
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -645,6 +707,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0109_run_edits", RUN_EDITS_SQL),
     Migration("0110_element_files", ELEMENT_FILES_SQL),
     Migration("0111_usage_roles", USAGE_ROLES_SQL),
+    Migration("0112_workspaces", WORKSPACES_SQL),
 )
 
 

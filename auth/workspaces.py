@@ -1,0 +1,514 @@
+"""Workspaces (teams) and the roles users hold in them: the only source of a workspace and role.
+
+Every user has a personal workspace (owner: them, no other members). Team workspaces have
+members with one role each; roles come from stored membership (an invitation accepted, the
+creator, or a verified OIDC groups claim mapped in configuration), never from a client field or
+a model. A workspace the user is not a live member of answers exactly like one that does not
+exist (WorkspaceNotFound), so ids cannot be probed.
+
+What each role may do (README "Teams"):
+- owner: everything an admin may, and grant or take away owner and admin;
+- admin: members, roles (below owner), invitations, disabling members, settings, the audit log;
+  never anyone's conversations or memories;
+- reviewer: a member who decides on other members' plans waiting for review;
+- member: uses the agents in the workspace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from psycopg.types.json import Jsonb
+
+from auth.identity import CurrentUserId
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+    from graphs.core.persistence import Pool
+
+log = logging.getLogger("cairn.security")
+
+OWNER, ADMIN, MEMBER, REVIEWER = "owner", "admin", "member", "reviewer"
+ROLES = (OWNER, ADMIN, MEMBER, REVIEWER)
+MANAGERS = frozenset({OWNER, ADMIN})
+"""May manage members, invitations and settings, and read the audit log."""
+INVITABLE = (ADMIN, MEMBER, REVIEWER)
+"""An owner is made only by another owner's role change, never by a link."""
+NOT_FOUND = "Workspace not found"
+MAX_NAME_CHARS = 80
+INVITE_TTL = timedelta(days=7)
+MAX_INVITE_TTL = timedelta(days=30)
+INVITE_PREFIX = "cairn_inv_"
+
+
+class WorkspaceNotFound(LookupError):
+    """Missing, foreign, or not allowed for this role: all look the same to the caller."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_FOUND)
+
+
+class WorkspaceRefused(ValueError):
+    """A request that is understood and not allowed, with a message fit for the user."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    workspace_id: str
+    name: str
+    role: str
+    personal: bool
+    user_id: str
+
+    @property
+    def manages(self) -> bool:
+        return self.role in MANAGERS
+
+    @property
+    def reviews(self) -> bool:
+        return self.role == REVIEWER
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.workspace_id,
+            "name": self.name,
+            "role": self.role,
+            "personal": self.personal,
+        }
+
+
+def personal_id(user_id: str) -> str:
+    """The personal workspace's id: derived from the user id, so it needs no lookup and two
+    first requests of a new user cannot make two."""
+    return "p-" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
+
+
+def thread_workspace(membership: Membership) -> str | None:
+    """What cairn_threads.workspace_id (and a token's) holds: NULL for the personal one."""
+    return None if membership.personal else membership.workspace_id
+
+
+def hash_invite(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+_LIVE = (
+    "SELECT w.id, w.name, w.personal_of IS NOT NULL AS personal, m.role, m.user_id "
+    "FROM cairn_workspace_members m JOIN cairn_workspaces w ON w.id = m.workspace_id "
+    "WHERE m.user_id = %(user)s AND m.disabled_at IS NULL"
+)
+
+
+def _membership(row: dict[str, Any]) -> Membership:
+    return Membership(
+        workspace_id=str(row["id"]),
+        name=str(row["name"]),
+        role=str(row["role"]),
+        personal=bool(row["personal"]),
+        user_id=str(row["user_id"]),
+    )
+
+
+class Workspaces:
+    """Workspaces, memberships, invitations and the audit log, in Postgres (every worker)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def personal(self, user_id: str, display_name: str | None = None) -> Membership:
+        """The user's personal workspace, made the first time it is asked for."""
+        workspace = personal_id(user_id)
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_workspaces (id, name, personal_of, created_by) "
+                "VALUES (%s, 'Personal', %s, %s) ON CONFLICT DO NOTHING",
+                (workspace, user_id, user_id),
+            )
+            await conn.execute(
+                "INSERT INTO cairn_workspace_members "
+                "(workspace_id, user_id, role, source, display_name) "
+                "VALUES (%s, %s, 'owner', 'personal', %s) ON CONFLICT DO NOTHING",
+                (workspace, user_id, display_name),
+            )
+        return Membership(workspace, "Personal", OWNER, personal=True, user_id=user_id)
+
+    async def memberships(self, user_id: str) -> list[Membership]:
+        """Every workspace the user is a live member of, the personal one first."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _LIVE + " ORDER BY (w.personal_of IS NULL), lower(w.name), w.id",
+                {"user": user_id},
+            )
+            found = [_membership(row) for row in await cur.fetchall()]
+        if not any(m.personal for m in found):
+            found.insert(0, await self.personal(user_id))
+        return found
+
+    async def membership(self, user_id: str, workspace_id: str) -> Membership:
+        """The user's live membership of workspace_id, or WorkspaceNotFound."""
+        if workspace_id == personal_id(user_id):
+            return await self.personal(user_id)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _LIVE + " AND m.workspace_id = %(ws)s",
+                {"user": user_id, "ws": workspace_id},
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise WorkspaceNotFound
+        return _membership(row)
+
+    async def active(self, user_id: str) -> Membership:
+        """The workspace the user last switched to, while they are still a live member of it;
+        otherwise (never switched, left, disabled, deleted) their personal one."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _LIVE + " AND m.workspace_id = "  # noqa: S608
+                "(SELECT workspace_id FROM cairn_active_workspace WHERE user_id = %(user)s)",
+                {"user": user_id},
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return await self.personal(user_id)
+        return _membership(row)
+
+    async def switch(self, user_id: str, workspace_id: str) -> Membership:
+        """Make workspace_id the user's active one (WorkspaceNotFound unless a live member)."""
+        chosen = await self.membership(user_id, workspace_id)
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO cairn_active_workspace (user_id, workspace_id) VALUES (%s, %s) "
+                "ON CONFLICT (user_id) DO UPDATE SET workspace_id = EXCLUDED.workspace_id",
+                (user_id, chosen.workspace_id),
+            )
+        return chosen
+
+    async def require(self, user_id: str, workspace_id: str, *roles: str) -> Membership:
+        """The membership when it holds one of roles (any role when none are given)."""
+        found = await self.membership(user_id, workspace_id)
+        if roles and found.role not in roles:
+            log.warning(
+                "refused: user %s (%s) needs %s in workspace %s",
+                user_id,
+                found.role,
+                "/".join(roles),
+                workspace_id,
+            )
+            raise WorkspaceNotFound
+        return found
+
+    async def members(self, workspace_id: str) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT user_id, role, source, display_name, joined_at, disabled_at "
+                "FROM cairn_workspace_members WHERE workspace_id = %s "
+                "ORDER BY disabled_at IS NOT NULL, joined_at, user_id",
+                (workspace_id,),
+            )
+            return list(await cur.fetchall())
+
+    async def settings(self, workspace_id: str) -> dict[str, Any]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT settings FROM cairn_workspaces WHERE id = %s", (workspace_id,)
+            )
+            row = await cur.fetchone()
+        return dict(row["settings"]) if row else {}
+
+    # -- changing --------------------------------------------------------------------
+
+    async def create(self, user_id: str, name: str) -> Membership:
+        """A new team workspace with user_id as its owner (audited)."""
+        name = _checked_name(name)
+        workspace = "w-" + secrets.token_hex(16)
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO cairn_workspaces (id, name, created_by) VALUES (%s, %s, %s)",
+                (workspace, name, user_id),
+            )
+            await conn.execute(
+                "INSERT INTO cairn_workspace_members (workspace_id, user_id, role, source) "
+                "VALUES (%s, %s, 'owner', 'created')",
+                (workspace, user_id),
+            )
+            await audit(conn, workspace, user_id, "workspace.created", detail={"name": name})
+        return Membership(workspace, name, OWNER, personal=False, user_id=user_id)
+
+    async def invite(
+        self, actor: Membership, role: str, ttl: timedelta = INVITE_TTL
+    ) -> tuple[str, datetime]:
+        """A single-use invitation code for role (an admin's or owner's); the code is shown
+        once and only its hash is kept."""
+        _managing(actor)
+        if role not in INVITABLE:
+            msg = f"An invitation's role is one of: {', '.join(INVITABLE)}."
+            raise WorkspaceRefused(msg)
+        if role == ADMIN and actor.role != OWNER:
+            msg = "Only an owner may invite an admin."
+            raise WorkspaceRefused(msg)
+        if not timedelta(minutes=5) <= ttl <= MAX_INVITE_TTL:
+            msg = "An invitation lasts between 5 minutes and 30 days."
+            raise WorkspaceRefused(msg)
+        code = INVITE_PREFIX + secrets.token_urlsafe(24)
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO cairn_workspace_invites "
+                "(code_hash, workspace_id, role, created_by, expires_at) "
+                "VALUES (%s, %s, %s, %s, now() + %s) RETURNING expires_at",
+                (hash_invite(code), actor.workspace_id, role, actor.user_id, ttl),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            await audit(
+                conn,
+                actor.workspace_id,
+                actor.user_id,
+                "invite.created",
+                detail={"role": role, "expires_at": row["expires_at"].isoformat()},
+            )
+        return code, row["expires_at"]
+
+    async def accept(self, user_id: str, code: str, display_name: str | None = None) -> Membership:
+        """Join with an invitation: once, before it expires, unless revoked. A used, expired,
+        unknown or revoked code, or one for a workspace the user was disabled in, is refused
+        alike."""
+        if not code.startswith(INVITE_PREFIX) or len(code) > 100:
+            raise WorkspaceNotFound
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE cairn_workspace_invites SET used_by = %s, used_at = now() "
+                "WHERE code_hash = %s AND used_at IS NULL AND revoked_at IS NULL "
+                "AND expires_at > now() RETURNING workspace_id, role",
+                (user_id, hash_invite(code)),
+            )
+            invite = await cur.fetchone()
+            if invite is None:
+                log.warning("refused: user %s presented an unusable invitation", user_id)
+                raise WorkspaceNotFound
+            workspace, role = str(invite["workspace_id"]), str(invite["role"])
+            cur = await conn.execute(
+                "INSERT INTO cairn_workspace_members "
+                "(workspace_id, user_id, role, source, display_name) "
+                "VALUES (%s, %s, %s, 'invite', %s) ON CONFLICT (workspace_id, user_id) "
+                "DO UPDATE SET display_name = COALESCE(EXCLUDED.display_name, "
+                "cairn_workspace_members.display_name) "
+                "RETURNING role, disabled_at",
+                (workspace, user_id, role, display_name),
+            )
+            member = await cur.fetchone()
+            assert member is not None
+            if member["disabled_at"] is not None:
+                # Disabled by an admin: a link does not undo that. Raising rolls the use back.
+                log.warning("refused: disabled user %s tried to rejoin %s", user_id, workspace)
+                raise WorkspaceNotFound
+            await audit(
+                conn,
+                workspace,
+                user_id,
+                "invite.accepted",
+                subject_id=user_id,
+                detail={"role": str(member["role"])},
+            )
+        return await self.membership(user_id, workspace)
+
+    async def set_role(self, actor: Membership, user_id: str, role: str) -> None:
+        """Change a member's role. Owners alone grant or take away owner and admin; the last
+        owner keeps the role."""
+        _managing(actor)
+        if role not in ROLES:
+            msg = f"A role is one of: {', '.join(ROLES)}."
+            raise WorkspaceRefused(msg)
+        async with self.pool.connection() as conn, conn.transaction():
+            current = await _member_for_update(conn, actor.workspace_id, user_id)
+            if actor.role != OWNER and (role in MANAGERS or current in MANAGERS):
+                msg = "Only an owner may grant or take away the owner and admin roles."
+                raise WorkspaceRefused(msg)
+            if current == OWNER and role != OWNER:
+                await _keep_an_owner(conn, actor.workspace_id, user_id)
+            await conn.execute(
+                "UPDATE cairn_workspace_members SET role = %s "
+                "WHERE workspace_id = %s AND user_id = %s",
+                (role, actor.workspace_id, user_id),
+            )
+            await audit(
+                conn,
+                actor.workspace_id,
+                actor.user_id,
+                "role.changed",
+                subject_id=user_id,
+                detail={"from": current, "to": role},
+            )
+
+    async def set_disabled(self, actor: Membership, user_id: str, *, disabled: bool) -> bool:
+        """Disable (or enable again) a member; True when it changed. The caller ends the
+        member's sessions (auth.sessions.SessionRevocations.revoke) once this returns."""
+        _managing(actor)
+        if user_id == actor.user_id:
+            msg = "You cannot disable yourself; leave the workspace instead."
+            raise WorkspaceRefused(msg)
+        async with self.pool.connection() as conn, conn.transaction():
+            current = await _member_for_update(conn, actor.workspace_id, user_id)
+            if current in MANAGERS and actor.role != OWNER:
+                msg = "Only an owner may disable an owner or an admin."
+                raise WorkspaceRefused(msg)
+            if current == OWNER and disabled:
+                await _keep_an_owner(conn, actor.workspace_id, user_id)
+            cur = await conn.execute(
+                "UPDATE cairn_workspace_members "
+                "SET disabled_at = CASE WHEN %s THEN now() END "
+                "WHERE workspace_id = %s AND user_id = %s AND (disabled_at IS NULL) = %s",
+                (disabled, actor.workspace_id, user_id, disabled),
+            )
+            changed = cur.rowcount > 0
+            if changed:
+                action = "member.disabled" if disabled else "member.enabled"
+                await audit(conn, actor.workspace_id, actor.user_id, action, subject_id=user_id)
+        return changed
+
+    async def leave(self, member: Membership) -> None:
+        """The member leaves the team (not their personal workspace); the last owner may not."""
+        if member.personal:
+            msg = "Your personal workspace is yours; it cannot be left."
+            raise WorkspaceRefused(msg)
+        async with self.pool.connection() as conn, conn.transaction():
+            current = await _member_for_update(conn, member.workspace_id, member.user_id)
+            if current == OWNER:
+                await _keep_an_owner(conn, member.workspace_id, member.user_id)
+            await conn.execute(
+                "DELETE FROM cairn_workspace_members WHERE workspace_id = %s AND user_id = %s",
+                (member.workspace_id, member.user_id),
+            )
+            await audit(
+                conn, member.workspace_id, member.user_id, "member.left", subject_id=member.user_id
+            )
+
+    async def update_settings(self, actor: Membership, changes: dict[str, Any]) -> dict[str, Any]:
+        """Merge checked settings into the workspace's (the caller checks their shape)."""
+        _managing(actor)
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE cairn_workspaces SET settings = settings || %s WHERE id = %s "
+                "RETURNING settings",
+                (Jsonb(changes), actor.workspace_id),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            await audit(conn, actor.workspace_id, actor.user_id, "settings.changed", detail=changes)
+        return dict(row["settings"])
+
+    async def record(
+        self,
+        workspace_id: str,
+        actor_id: str | None,
+        action: str,
+        *,
+        subject_id: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """One audit entry (sign-ins, approvals, shares, tokens, support access ...)."""
+        async with self.pool.connection() as conn:
+            await audit(conn, workspace_id, actor_id, action, subject_id=subject_id, detail=detail)
+
+    async def audit_log(self, workspace_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, actor_id, subject_id, action, detail, at FROM cairn_workspace_audit "
+                "WHERE workspace_id = %s ORDER BY id DESC LIMIT %s",
+                (workspace_id, limit),
+            )
+            return list(await cur.fetchall())
+
+    async def audit_about(self, user_id: str) -> list[dict[str, Any]]:
+        """Every entry naming the user as actor or subject, in any workspace (their export)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT a.id, a.workspace_id, w.name AS workspace, a.actor_id, a.subject_id, "
+                "a.action, a.detail, a.at FROM cairn_workspace_audit a "
+                "JOIN cairn_workspaces w ON w.id = a.workspace_id "
+                "WHERE a.actor_id = %s OR a.subject_id = %s ORDER BY a.id",
+                (user_id, user_id),
+            )
+            return list(await cur.fetchall())
+
+
+async def audit(
+    conn: AsyncConnection[Any],
+    workspace_id: str,
+    actor_id: str | None,
+    action: str,
+    *,
+    subject_id: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """One audit entry, in the caller's transaction (it commits or rolls back with the change)."""
+    await conn.execute(
+        "INSERT INTO cairn_workspace_audit (workspace_id, actor_id, subject_id, action, detail) "
+        "VALUES (%s, %s, %s, %s, %s)",
+        (workspace_id, actor_id, subject_id, action, Jsonb(detail or {})),
+    )
+
+
+def _checked_name(name: str) -> str:
+    name = " ".join(str(name).split())
+    if not name or len(name) > MAX_NAME_CHARS or any(ord(c) < 32 for c in name):
+        msg = f"A workspace name is 1 to {MAX_NAME_CHARS} characters."
+        raise WorkspaceRefused(msg)
+    return name
+
+
+def _managing(actor: Membership) -> None:
+    if actor.personal:
+        msg = "A personal workspace has no other members."
+        raise WorkspaceRefused(msg)
+    if not actor.manages:
+        raise WorkspaceNotFound
+
+
+async def _member_for_update(conn: AsyncConnection[Any], workspace_id: str, user_id: str) -> str:
+    cur = await conn.execute(
+        "SELECT role FROM cairn_workspace_members WHERE workspace_id = %s AND user_id = %s "
+        "FOR UPDATE",
+        (workspace_id, user_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        msg = "No such member in this workspace."
+        raise WorkspaceRefused(msg)
+    return str(row["role"])
+
+
+async def _keep_an_owner(conn: AsyncConnection[Any], workspace_id: str, user_id: str) -> None:
+    # Every owner row locked, so two owners demoting each other at once cannot leave none.
+    cur = await conn.execute(
+        "SELECT user_id FROM cairn_workspace_members WHERE workspace_id = %s AND role = 'owner' "
+        "AND disabled_at IS NULL FOR UPDATE",
+        (workspace_id,),
+    )
+    owners = {str(row["user_id"]) for row in await cur.fetchall()}
+    if not owners - {user_id}:
+        msg = "A workspace keeps at least one owner; make someone else owner first."
+        raise WorkspaceRefused(msg)
+
+
+async def _active_workspace(request: Request, user_id: CurrentUserId) -> Membership:
+    workspaces = getattr(request.app.state, "workspaces", None)
+    if not isinstance(workspaces, Workspaces):
+        raise HTTPException(status_code=503, detail="Starting up")
+    return await workspaces.active(user_id)
+
+
+ActiveWorkspace = Annotated[Membership, Depends(_active_workspace)]
+"""For FastAPI routes: the signed-in user's active workspace and their role in it."""
+
+
+def http_refusal() -> HTTPException:
+    return HTTPException(status_code=404, detail=NOT_FOUND)

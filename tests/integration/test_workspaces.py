@@ -1,0 +1,197 @@
+"""Workspaces on a real Postgres: membership is the only source of a role, and foreign looks missing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from auth.ownership import ThreadNotFound, claim_thread, require_owner
+from auth.workspaces import (
+    ADMIN,
+    MEMBER,
+    OWNER,
+    REVIEWER,
+    WorkspaceNotFound,
+    WorkspaceRefused,
+    Workspaces,
+    personal_id,
+)
+from graphs.core.persistence import Persistence
+
+pytestmark = pytest.mark.integration
+
+
+def user() -> str:
+    return f"user-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def workspaces(persistence: Persistence) -> Workspaces:
+    return Workspaces(persistence.pool)
+
+
+async def test_a_new_user_has_only_their_personal_workspace(workspaces: Workspaces) -> None:
+    alice = user()
+
+    found = await workspaces.memberships(alice)
+
+    assert [(m.workspace_id, m.role, m.personal) for m in found] == [
+        (personal_id(alice), OWNER, True)
+    ]
+    assert (await workspaces.active(alice)).personal
+
+
+async def test_an_invitation_joins_once_with_its_role(workspaces: Workspaces) -> None:
+    alice, bob, carol = user(), user(), user()
+    team = await workspaces.create(alice, "  Data   team ")
+    code, _ = await workspaces.invite(team, REVIEWER)
+
+    joined = await workspaces.accept(bob, code)
+
+    assert (joined.workspace_id, joined.role, joined.name) == (
+        team.workspace_id,
+        REVIEWER,
+        "Data team",
+    )
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.accept(carol, code)  # single use
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.membership(carol, team.workspace_id)
+    actions = [e["action"] for e in await workspaces.audit_log(team.workspace_id)]
+    assert actions == ["invite.accepted", "invite.created", "workspace.created"]
+
+
+async def test_two_users_racing_one_invitation_make_one_member(workspaces: Workspaces) -> None:
+    alice = user()
+    team = await workspaces.create(alice, "Race")
+    code, _ = await workspaces.invite(team, MEMBER)
+    racers = [user() for _ in range(6)]
+
+    results = await asyncio.gather(
+        *(workspaces.accept(r, code) for r in racers), return_exceptions=True
+    )
+
+    assert sum(not isinstance(r, Exception) for r in results) == 1
+    assert all(isinstance(r, WorkspaceNotFound) for r in results if isinstance(r, Exception))
+    assert len(await workspaces.members(team.workspace_id)) == 2
+
+
+async def test_an_expired_or_made_up_code_is_refused_alike(
+    workspaces: Workspaces, persistence: Persistence
+) -> None:
+    alice, bob = user(), user()
+    team = await workspaces.create(alice, "Expiry")
+    code, _ = await workspaces.invite(team, MEMBER, ttl=timedelta(minutes=5))
+    async with persistence.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_workspace_invites SET expires_at = now() - interval '1 second' "
+            "WHERE workspace_id = %s",
+            (team.workspace_id,),
+        )
+
+    for presented in (code, code + "x", "cairn_inv_made-up", "not-a-code", "x" * 5000):
+        with pytest.raises(WorkspaceNotFound):
+            await workspaces.accept(bob, presented)
+
+
+async def test_only_managers_invite_and_only_owners_make_admins(workspaces: Workspaces) -> None:
+    alice, bob, carol = user(), user(), user()
+    team = await workspaces.create(alice, "Roles")
+    code, _ = await workspaces.invite(team, MEMBER)
+    member = await workspaces.accept(bob, code)
+    admin_code, _ = await workspaces.invite(team, ADMIN)
+    admin = await workspaces.accept(carol, admin_code)
+
+    with pytest.raises(WorkspaceNotFound):  # a member does not see management at all
+        await workspaces.invite(member, MEMBER)
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.invite(admin, ADMIN)
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.set_role(admin, bob, OWNER)
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.set_role(admin, alice, MEMBER)
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.invite(team, "owner")
+
+    await workspaces.set_role(admin, bob, REVIEWER)
+
+    assert (await workspaces.membership(bob, team.workspace_id)).role == REVIEWER
+
+
+async def test_the_last_owner_keeps_the_role(workspaces: Workspaces) -> None:
+    alice = user()
+    team = await workspaces.create(alice, "Owners")
+
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.set_role(team, alice, MEMBER)
+    with pytest.raises(WorkspaceRefused):
+        await workspaces.leave(team)
+    assert (await workspaces.membership(alice, team.workspace_id)).role == OWNER
+
+
+async def test_a_disabled_member_loses_the_workspace_and_its_threads(
+    workspaces: Workspaces, persistence: Persistence
+) -> None:
+    alice, bob = user(), user()
+    team = await workspaces.create(alice, "Disable")
+    code, _ = await workspaces.invite(team, MEMBER)
+    await workspaces.accept(bob, code)
+    await workspaces.switch(bob, team.workspace_id)
+    thread = f"thread-{uuid.uuid4()}"
+    owned = await claim_thread(persistence.pool, thread_id=thread, user_id=bob, agent="assistant")
+    assert owned.workspace_id == team.workspace_id
+
+    assert await workspaces.set_disabled(team, bob, disabled=True)
+
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.membership(bob, team.workspace_id)
+    assert (await workspaces.active(bob)).personal
+    with pytest.raises(ThreadNotFound):
+        await require_owner(persistence.pool, thread_id=thread, user_id=bob)
+    with pytest.raises(ThreadNotFound):
+        await claim_thread(persistence.pool, thread_id=thread, user_id=bob, agent="assistant")
+    code_again, _ = await workspaces.invite(team, MEMBER)
+    with pytest.raises(WorkspaceNotFound):  # a link does not undo a disable
+        await workspaces.accept(bob, code_again)
+    # ... and the refused use did not spend the code.
+    assert (await workspaces.accept(user(), code_again)).role == MEMBER
+
+
+async def test_switching_to_a_foreign_workspace_looks_missing(workspaces: Workspaces) -> None:
+    alice, mallory = user(), user()
+    team = await workspaces.create(alice, "Private")
+
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.switch(mallory, team.workspace_id)
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.switch(mallory, "w-" + "0" * 32)
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.switch(mallory, personal_id(alice))
+    assert (await workspaces.active(mallory)).personal
+
+
+async def test_a_new_thread_belongs_to_the_active_team(
+    workspaces: Workspaces, persistence: Persistence
+) -> None:
+    alice = user()
+    team = await workspaces.create(alice, "Threads")
+    personal_thread = f"thread-{uuid.uuid4()}"
+    personal = await claim_thread(
+        persistence.pool, thread_id=personal_thread, user_id=alice, agent="assistant"
+    )
+
+    await workspaces.switch(alice, team.workspace_id)
+    team_thread = f"thread-{uuid.uuid4()}"
+    in_team = await claim_thread(
+        persistence.pool, thread_id=team_thread, user_id=alice, agent="planner"
+    )
+    again = await claim_thread(
+        persistence.pool, thread_id=personal_thread, user_id=alice, agent="assistant"
+    )
+
+    assert personal.workspace_id is None
+    assert in_team.workspace_id == team.workspace_id
+    assert again.workspace_id is None  # a thread stays where it was made
