@@ -32,6 +32,7 @@ from ui.proxies import trust_proxies
 from ui.security_headers import SecurityHeaders
 from ui.support_page import build_router as build_support_router
 from ui.tokens_page import build_router as build_tokens_router
+from ui.workspace_page import build_router as build_workspace_router
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -145,6 +146,7 @@ def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
         )
     )
     app.include_router(build_tokens_router(AGENTS))
+    app.include_router(build_workspace_router())
     # In front of Chainlit's own /mcp routes (its MCP client feature, switched off here).
     app.include_router(mcp.router())
 

@@ -36,6 +36,18 @@ _LIVE_TEAM = (
 )
 """A thread of a team workspace is usable only while its owner is a live member there."""
 
+
+def team_thread_usable(thread_id_sql: str) -> str:
+    """SQL true unless the thread named by the expression thread_id_sql belongs to a team its
+    owner is no longer a live member of: for queries that read the chat's own tables."""
+    return (
+        "NOT EXISTS (SELECT 1 FROM cairn_threads c WHERE c.thread_id = "  # noqa: S608
+        f"{thread_id_sql} AND c.workspace_id IS NOT NULL AND NOT "
+        + _LIVE_TEAM.format(ws="c.workspace_id", user="c.owner_id")
+        + ")"
+    )
+
+
 _CLAIM = (
     f"WITH {fence.STATEMENT_CTE}, "  # noqa: S608 (constants only)
     # A new thread goes to the workspace the user has active, if it is a team they are a live

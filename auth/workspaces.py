@@ -46,6 +46,10 @@ MAX_NAME_CHARS = 80
 INVITE_TTL = timedelta(days=7)
 MAX_INVITE_TTL = timedelta(days=30)
 INVITE_PREFIX = "cairn_inv_"
+MAX_CREATED = 20
+"""Team workspaces one user may create (a bound on what one account can make)."""
+MAX_PENDING_INVITES = 100
+"""Unused, unexpired invitations a workspace may hold at once."""
 
 
 class WorkspaceNotFound(LookupError):
@@ -226,19 +230,29 @@ class Workspaces:
 
     # -- changing --------------------------------------------------------------------
 
-    async def create(self, user_id: str, name: str) -> Membership:
+    async def create(self, user_id: str, name: str, display_name: str | None = None) -> Membership:
         """A new team workspace with user_id as its owner (audited)."""
         name = _checked_name(name)
         workspace = "w-" + secrets.token_hex(16)
         async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM cairn_workspaces WHERE created_by = %s "
+                "AND personal_of IS NULL",
+                (user_id,),
+            )
+            row = await cur.fetchone()
+            if row is not None and int(row["n"]) >= MAX_CREATED:
+                msg = f"You may create at most {MAX_CREATED} workspaces."
+                raise WorkspaceRefused(msg)
             await conn.execute(
                 "INSERT INTO cairn_workspaces (id, name, created_by) VALUES (%s, %s, %s)",
                 (workspace, name, user_id),
             )
             await conn.execute(
-                "INSERT INTO cairn_workspace_members (workspace_id, user_id, role, source) "
-                "VALUES (%s, %s, 'owner', 'created')",
-                (workspace, user_id),
+                "INSERT INTO cairn_workspace_members "
+                "(workspace_id, user_id, role, source, display_name) "
+                "VALUES (%s, %s, 'owner', 'created', %s)",
+                (workspace, user_id, display_name),
             )
             await audit(conn, workspace, user_id, "workspace.created", detail={"name": name})
         return Membership(workspace, name, OWNER, personal=False, user_id=user_id)
@@ -260,6 +274,19 @@ class Workspaces:
             raise WorkspaceRefused(msg)
         code = INVITE_PREFIX + secrets.token_urlsafe(24)
         async with self.pool.connection() as conn, conn.transaction():
+            # Serialises this workspace's invitations, so the cap holds under concurrent clicks.
+            await conn.execute(
+                "SELECT 1 FROM cairn_workspaces WHERE id = %s FOR UPDATE", (actor.workspace_id,)
+            )
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM cairn_workspace_invites WHERE workspace_id = %s "
+                "AND used_at IS NULL AND revoked_at IS NULL AND expires_at > now()",
+                (actor.workspace_id,),
+            )
+            pending = await cur.fetchone()
+            if pending is not None and int(pending["n"]) >= MAX_PENDING_INVITES:
+                msg = f"At most {MAX_PENDING_INVITES} invitations may wait at once; revoke some."
+                raise WorkspaceRefused(msg)
             cur = await conn.execute(
                 "INSERT INTO cairn_workspace_invites "
                 "(code_hash, workspace_id, role, created_by, expires_at) "
@@ -273,7 +300,11 @@ class Workspaces:
                 actor.workspace_id,
                 actor.user_id,
                 "invite.created",
-                detail={"role": role, "expires_at": row["expires_at"].isoformat()},
+                detail={
+                    "role": role,
+                    "invite": hash_invite(code)[:12],
+                    "expires_at": row["expires_at"].isoformat(),
+                },
             )
         return code, row["expires_at"]
 
@@ -319,6 +350,42 @@ class Workspaces:
                 detail={"role": str(member["role"])},
             )
         return await self.membership(user_id, workspace)
+
+    async def invites(self, actor: Membership) -> list[dict[str, Any]]:
+        """The workspace's invitations not yet used, newest first (a manager's view; the codes
+        themselves were shown once and are not kept). `id` is the code's hash."""
+        _managing(actor)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT code_hash AS id, role, created_by, created_at, expires_at, revoked_at, "
+                "expires_at <= now() AS expired FROM cairn_workspace_invites "
+                "WHERE workspace_id = %s AND used_at IS NULL AND revoked_at IS NULL "
+                "ORDER BY created_at DESC LIMIT %s",
+                (actor.workspace_id, MAX_PENDING_INVITES),
+            )
+            return list(await cur.fetchall())
+
+    async def revoke_invite(self, actor: Membership, invite_id: str) -> bool:
+        """An unused invitation stops working; False when there is no such one here."""
+        _managing(actor)
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE cairn_workspace_invites SET revoked_at = now() "
+                "WHERE code_hash = %s AND workspace_id = %s AND used_at IS NULL "
+                "AND revoked_at IS NULL RETURNING role",
+                (invite_id, actor.workspace_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return False
+            await audit(
+                conn,
+                actor.workspace_id,
+                actor.user_id,
+                "invite.revoked",
+                detail={"role": str(row["role"]), "invite": invite_id[:12]},
+            )
+        return True
 
     async def set_role(self, actor: Membership, user_id: str, role: str) -> None:
         """Change a member's role. Owners alone grant or take away owner and admin; the last
@@ -417,6 +484,24 @@ class Workspaces:
         """One audit entry (sign-ins, approvals, shares, tokens, support access ...)."""
         async with self.pool.connection() as conn:
             await audit(conn, workspace_id, actor_id, action, subject_id=subject_id, detail=detail)
+
+    async def usage(self, actor: Membership) -> list[dict[str, Any]]:
+        """This month's model use in the workspace's conversations, per member (a manager's
+        view: runs, tokens and cost, never what was asked)."""
+        _managing(actor)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT m.user_id, m.display_name, count(u.run_id) AS runs, "
+                "coalesce(sum(u.input_tokens + u.output_tokens), 0)::bigint AS tokens, "
+                "coalesce(sum(u.cost), 0)::float8 AS cost "
+                "FROM cairn_workspace_members m LEFT JOIN cairn_usage u ON u.user_id = m.user_id "
+                "AND u.created_at >= date_trunc('month', now()) AND u.thread_id IN "
+                "(SELECT thread_id FROM cairn_threads WHERE workspace_id = %(ws)s) "
+                "WHERE m.workspace_id = %(ws)s GROUP BY m.user_id, m.display_name "
+                "ORDER BY tokens DESC, m.user_id",
+                {"ws": actor.workspace_id},
+            )
+            return list(await cur.fetchall())
 
     async def audit_log(self, workspace_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:

@@ -101,6 +101,11 @@ class AppServer:
                 self.process.wait(5)
         self.process = None
 
+    def log_tail(self, chars: int = 6000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return self.log_path.read_text(errors="replace")[-chars:]
+
     def restart(self) -> None:
         self.stop()
         self.start()
@@ -151,7 +156,11 @@ def login(browser, server: AppServer, username: str):
     page.get_by_label("Password").fill(USERS[username])
     page.get_by_role("button", name="Sign in").click()
     page.locator("#chat-input").wait_for()
-    wait_until_connected(page)
+    try:
+        wait_until_connected(page)
+    except Exception as exc:
+        # What the server was doing when the chat did not connect (it is rare and load-bound).
+        raise AssertionError(f"{exc}\nserver log (tail):\n{server.log_tail()}") from exc
     return page
 
 

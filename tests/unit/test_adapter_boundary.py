@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _IMPORT = """
 import json, sys
 import ui.runner, ui.agents, ui.mcp_server, ui.recovery, ui.runtime
-import ui.memory_page, ui.support_page, ui.tokens_page, ui.health, ui.metrics
+import ui.memory_page, ui.support_page, ui.tokens_page, ui.workspace_page, ui.health, ui.metrics
 import ui.surface, ui.port, ui.origin_guard
 import auth.identity, auth.oauth, auth.sessions, auth.local_oidc, auth.tokens
 import graphs.assistant.graph, graphs.research.graph, graphs.planner.graph

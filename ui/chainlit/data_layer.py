@@ -23,10 +23,11 @@ from chainlit.data.chainlit_data_layer import ISO_FORMAT, ChainlitDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.element import Element
 from chainlit.step import StepDict
-from chainlit.types import ThreadDict
+from chainlit.types import PaginatedResponse, Pagination, ThreadDict, ThreadFilter
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
+from auth.ownership import team_thread_usable
 from graphs.core.errors import is_database_outage
 from graphs.core.fence import (
     STATEMENT_CTE,
@@ -332,10 +333,27 @@ class PostgresDataLayer(ChainlitDataLayer):
             thread["steps"] = [_with_output(sanitise_step(step)) for step in thread["steps"]]
         return thread
 
+    async def list_threads(
+        self, pagination: Pagination, filters: ThreadFilter
+    ) -> PaginatedResponse[ThreadDict]:
+        """Chainlit's list, without the conversations of teams the owner is no longer a live
+        member of (they cannot be opened either: get_thread_author)."""
+        page = await super().list_threads(pagination, filters)
+        ids = [thread["id"] for thread in page.data]
+        if ids:
+            rows = await self.execute_query(
+                "SELECT c.thread_id FROM cairn_threads c WHERE c.thread_id = ANY($1) "  # noqa: S608
+                f"AND NOT {team_thread_usable('c.thread_id')}",
+                {"ids": ids},
+            )
+            hidden = {str(row["thread_id"]) for row in rows}
+            page.data = [thread for thread in page.data if thread["id"] not in hidden]
+        return page
+
     async def get_thread_author(self, thread_id: str) -> str:
         rows = await self.execute_query(
-            'SELECT u.identifier FROM "Thread" t JOIN "User" u ON t."userId" = u.id '
-            'WHERE t.id = $1 AND t."deletedAt" IS NULL',
+            'SELECT u.identifier FROM "Thread" t JOIN "User" u ON t."userId" = u.id '  # noqa: S608
+            f'WHERE t.id = $1 AND t."deletedAt" IS NULL AND {team_thread_usable("t.id")}',
             {"thread_id": thread_id},
         )
         return str(rows[0]["identifier"]) if rows else ""
@@ -343,8 +361,9 @@ class PostgresDataLayer(ChainlitDataLayer):
     async def step_author(self, step_id: str) -> str:
         """The identifier of who owns the conversation a message is in; "" when there is none."""
         rows = await self.execute_query(
-            'SELECT u.identifier FROM "Step" s JOIN "Thread" t ON s."threadId" = t.id '
-            'JOIN "User" u ON t."userId" = u.id WHERE s.id = $1 AND t."deletedAt" IS NULL',
+            'SELECT u.identifier FROM "Step" s JOIN "Thread" t ON s."threadId" = t.id '  # noqa: S608
+            'JOIN "User" u ON t."userId" = u.id WHERE s.id = $1 AND t."deletedAt" IS NULL '
+            f"AND {team_thread_usable('t.id')}",
             {"step_id": step_id},
         )
         return str(rows[0]["identifier"]) if rows else ""

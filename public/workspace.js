@@ -1,0 +1,240 @@
+// The workspaces page. Server values go in with textContent only (never innerHTML).
+"use strict";
+
+const HEADERS = { "Content-Type": "application/json", "X-Cairn-Request": "1" };
+const $ = (id) => document.getElementById(id);
+let current = null;
+
+function say(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+async function api(method, url, body) {
+  const response = await fetch(url, {
+    method,
+    headers: HEADERS,
+    credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (response.status === 401) {
+    window.location.href = "/login";
+    throw new Error("Please sign in again.");
+  }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    throw new Error(typeof data.detail === "string" ? data.detail : "Something went wrong.");
+  }
+  return data;
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+function button(text, onClick, className) {
+  const node = el("button", text, className);
+  node.type = "button";
+  node.addEventListener("click", async () => {
+    node.disabled = true;
+    try {
+      await onClick();
+    } catch (error) {
+      say(error.message, true);
+    } finally {
+      node.disabled = false;
+    }
+  });
+  return node;
+}
+
+const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
+const path = (...parts) => "/api/workspaces/" + parts.map(encodeURIComponent).join("/");
+
+function memberRow(member, data) {
+  const item = el("li");
+  item.dataset.user = member.user_id;
+  item.append(el("div", member.name, "text"));
+  const state = member.disabled ? " · disabled" : "";
+  item.append(el("div", `${member.role}${state} · joined ${when(member.joined_at)}`, "meta"));
+  const mine = member.user_id === data.me;
+  if (data.manages && !mine) {
+    const actions = el("div", undefined, "actions");
+    const role = document.createElement("select");
+    role.setAttribute("aria-label", `Role of ${member.name}`);
+    for (const name of data.roles) role.append(new Option(name, name, false, name === member.role));
+    role.addEventListener("change", async () => {
+      try {
+        await api("POST", path(current.id, "members", member.user_id, "role"), { role: role.value });
+        say(`${member.name} is now ${role.value}.`);
+      } catch (error) {
+        say(error.message, true);
+      }
+      await load();
+    });
+    actions.append(role);
+    const disable = member.disabled ? "Enable" : "Disable";
+    actions.append(
+      button(
+        disable,
+        async () => {
+          await api("POST", path(current.id, "members", member.user_id, "disable"), {
+            disabled: !member.disabled,
+          });
+          say(member.disabled ? `${member.name} is enabled.` : `${member.name} is disabled; their sessions ended.`);
+          await load();
+        },
+        member.disabled ? "" : "destructive",
+      ),
+    );
+    item.append(actions);
+  }
+  return item;
+}
+
+function inviteRow(invite) {
+  const item = el("li");
+  const state = invite.expired ? "expired" : `expires ${when(invite.expires_at)}`;
+  item.append(el("div", `${invite.role} · made ${when(invite.created_at)} · ${state}`, "meta"));
+  const actions = el("div", undefined, "actions");
+  actions.append(
+    button(
+      "Revoke",
+      async () => {
+        await api("POST", path(current.id, "invites", invite.id, "revoke"));
+        say("Invitation revoked.");
+        await load();
+      },
+      "destructive",
+    ),
+  );
+  item.append(actions);
+  return item;
+}
+
+function auditRow(entry) {
+  const item = el("li");
+  const who = entry.actor || "Cairn";
+  const about = entry.subject && entry.subject !== entry.actor ? ` → ${entry.subject}` : "";
+  item.append(el("div", `${entry.action}: ${who}${about}`, "text"));
+  const detail = Object.keys(entry.detail || {}).length ? ` · ${JSON.stringify(entry.detail)}` : "";
+  item.append(el("div", `${when(entry.at)}${detail}`, "meta"));
+  return item;
+}
+
+async function load() {
+  const data = await api("GET", "/api/workspaces");
+  current = data.active;
+  const select = $("switch");
+  select.replaceChildren(
+    ...data.workspaces.map(
+      (w) => new Option(w.personal ? "Personal" : `${w.name} (${w.role})`, w.id, false, w.id === current.id),
+    ),
+  );
+  $("invite-role").replaceChildren(...data.invitable.map((r) => new Option(r, r, false, r === "member")));
+  $("team").hidden = current.personal;
+  $("manage").hidden = current.personal || !["owner", "admin"].includes(current.role);
+  if (current.personal) return;
+  const details = await api("GET", path(current.id));
+  const manages = !$("manage").hidden;
+  $("team-name-shown").textContent = current.name;
+  const view = { manages, roles: data.roles, me: details.me };
+  $("members").replaceChildren(...details.members.map((m) => memberRow(m, view)));
+  if (!manages) return;
+  const invites = details.invites || [];
+  $("invites").replaceChildren(...invites.map(inviteRow));
+  if (!invites.length) $("invites").append(el("li", "No invitations waiting.", "meta"));
+  $("usage").replaceChildren(
+    ...(details.usage || []).map((u) =>
+      el("li", `${u.name}: ${u.runs} runs · ${u.tokens} tokens · ${u.cost.toFixed(4)}`, "meta"),
+    ),
+  );
+  const log = await api("GET", path(current.id, "audit"));
+  $("audit").replaceChildren(...log.entries.map(auditRow));
+}
+
+$("switch").addEventListener("change", async () => {
+  try {
+    const chosen = await api("POST", "/api/workspaces/switch", { workspace_id: $("switch").value });
+    say(`Working in ${chosen.active.personal ? "your personal workspace" : chosen.active.name}.`);
+    $("new-invite").hidden = true;
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load().catch((error) => say(error.message, true));
+});
+
+$("create-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  try {
+    const made = await api("POST", "/api/workspaces", { name: $("team-name").value });
+    $("team-name").value = "";
+    say(`Created ${made.active.name}; you are working in it.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("join-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  try {
+    const joined = await api("POST", "/api/workspaces/join", { code: $("join-code").value });
+    $("join-code").value = "";
+    say(`You joined ${joined.active.name} as ${joined.active.role}.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("invite-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  try {
+    const made = await api("POST", path(current.id, "invites"), {
+      role: $("invite-role").value,
+      days: Number($("invite-days").value),
+    });
+    $("new-invite-link").textContent = made.link;
+    $("new-invite").hidden = false;
+    say(`Invitation for a ${made.role} made.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("copy-invite").addEventListener("click", async () => {
+  try {
+    await navigator.clipboard.writeText($("new-invite-link").textContent);
+    say("Link copied.");
+  } catch (error) {
+    window.getSelection().selectAllChildren($("new-invite-link"));
+    say("Select and copy the link by hand: the browser refused the clipboard.", true);
+  }
+});
+
+$("leave").addEventListener("click", async () => {
+  if (!window.confirm(`Leave ${current.name}? Your conversations there stop being usable.`)) return;
+  try {
+    await api("POST", path(current.id, "leave"));
+    say(`You left ${current.name}.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+// An invitation link carries its code in the fragment (never sent to a server): fill it in,
+// then drop it from the address bar and history.
+const fragment = new URLSearchParams(window.location.hash.slice(1));
+if (fragment.get("join")) {
+  $("join-code").value = fragment.get("join");
+  history.replaceState(null, "", window.location.pathname);
+  say("Press Join to accept the invitation.");
+}
+
+load().catch((error) => say(error.message, true));

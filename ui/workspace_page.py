@@ -1,0 +1,318 @@
+"""The workspace page: switch workspace, make a team, join one, and (owners and admins) manage it.
+
+The user and their role come only from the verified session and stored membership
+(auth/workspaces.py); a workspace the user is not a live member of, or one whose management
+they are not allowed, gets the same 404 a made-up id gets. State-changing requests carry the
+memory page's request header from an allowed origin (`Checked`). Disabling a member ends every
+session of theirs on every worker at once (SessionRevocations.revoke: the cut-off is in
+Postgres and every worker hears it and closes their live connections); their team tokens stop
+working because token lookups check the membership. An admin sees members, invitations, usage
+and the audit log here, never anyone's conversations or memories.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from auth.identity import CurrentUserId, flag_client_identity
+from auth.workspaces import (
+    INVITABLE,
+    MAX_NAME_CHARS,
+    ROLES,
+    Membership,
+    WorkspaceNotFound,
+    WorkspaceRefused,
+    Workspaces,
+    http_refusal,
+)
+from ui.memory_page import Checked, DisplayName
+from ui.runtime import AppRuntime, Runtime
+
+log = logging.getLogger("cairn.security")
+
+PAGE = Path(__file__).resolve().parent.parent / "public" / "workspace.html"
+INVITE_NOT_USABLE = "This invitation is not valid: it was used, revoked or has expired."
+
+
+class CreateBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+class SwitchBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    workspace_id: Annotated[str, Field(max_length=40)]
+
+
+class JoinBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    code: Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class InviteBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Annotated[str, Field(max_length=20)] = "member"
+    days: Annotated[int, Field(ge=1, le=30)] = 7
+
+
+class RoleBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Annotated[str, Field(max_length=20)]
+
+
+class DisableBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    disabled: bool
+
+
+def _workspaces(runtime: AppRuntime) -> Workspaces:
+    if runtime.workspaces is None:
+        raise HTTPException(status_code=503, detail="Cairn is still starting")
+    return runtime.workspaces
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _refused(exc: WorkspaceRefused) -> HTTPException:
+    return HTTPException(status_code=422, detail=str(exc))
+
+
+async def _membership(
+    runtime: AppRuntime, user_id: str, workspace_id: str, *, manage: bool = False
+) -> Membership:
+    """The caller's live membership (a manager's when manage), else the 404 of a missing one."""
+    try:
+        found = await _workspaces(runtime).membership(user_id, workspace_id)
+    except WorkspaceNotFound:
+        log.warning("refused or missing: user %s asked for workspace %s", user_id, workspace_id)
+        raise http_refusal() from None
+    if manage and (found.personal or not found.manages):
+        log.warning(
+            "refused: user %s (%s) managing workspace %s", user_id, found.role, workspace_id
+        )
+        raise http_refusal()
+    return found
+
+
+def _member_row(row: dict[str, Any], *, full: bool) -> dict[str, Any]:
+    shown = {
+        "user_id": row["user_id"],
+        "name": row["display_name"] or row["user_id"],
+        "role": row["role"],
+        "joined_at": _iso(row["joined_at"]),
+    }
+    if full:
+        shown |= {"source": row["source"], "disabled": row["disabled_at"] is not None}
+    return shown
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/workspace", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
+
+    @router.get("/api/workspaces")
+    async def overview(user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+        workspaces = _workspaces(runtime)
+        active = await workspaces.active(user_id)
+        return {
+            "active": active.public(),
+            "workspaces": [m.public() for m in await workspaces.memberships(user_id)],
+            "roles": list(ROLES),
+            "invitable": list(INVITABLE),
+        }
+
+    @router.post("/api/workspaces", dependencies=[Checked])
+    async def create(
+        body: CreateBody,
+        request: Request,
+        user_id: CurrentUserId,
+        name: DisplayName,
+        runtime: Runtime,
+    ) -> dict[str, Any]:
+        flag_client_identity(await request.json(), where="workspace", user_id=user_id)
+        workspaces = _workspaces(runtime)
+        try:
+            made = await workspaces.create(user_id, body.name, display_name=name)
+        except WorkspaceRefused as exc:
+            raise _refused(exc) from None
+        await workspaces.switch(user_id, made.workspace_id)
+        return {"active": made.public()}
+
+    @router.post("/api/workspaces/switch", dependencies=[Checked])
+    async def switch(body: SwitchBody, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+        try:
+            chosen = await _workspaces(runtime).switch(user_id, body.workspace_id)
+        except WorkspaceNotFound:
+            log.warning("refused or missing: user %s switching to %s", user_id, body.workspace_id)
+            raise http_refusal() from None
+        return {"active": chosen.public()}
+
+    @router.post("/api/workspaces/join", dependencies=[Checked])
+    async def join(
+        body: JoinBody, user_id: CurrentUserId, name: DisplayName, runtime: Runtime
+    ) -> dict[str, Any]:
+        workspaces = _workspaces(runtime)
+        try:
+            joined = await workspaces.accept(user_id, body.code.strip(), display_name=name)
+        except WorkspaceNotFound:
+            raise HTTPException(status_code=404, detail=INVITE_NOT_USABLE) from None
+        await workspaces.switch(user_id, joined.workspace_id)
+        return {"active": joined.public()}
+
+    @router.get("/api/workspaces/{workspace_id}")
+    async def details(
+        workspace_id: str, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        mine = await _membership(runtime, user_id, workspace_id)
+        workspaces = _workspaces(runtime)
+        manages = mine.manages and not mine.personal
+        members = await workspaces.members(workspace_id)
+        shown: dict[str, Any] = {
+            "workspace": mine.public(),
+            "me": user_id,
+            "members": [
+                _member_row(row, full=manages)
+                for row in members
+                if manages or row["disabled_at"] is None
+            ],
+        }
+        if manages:
+            shown["invites"] = [
+                {
+                    "id": row["id"],
+                    "role": row["role"],
+                    "created_at": _iso(row["created_at"]),
+                    "expires_at": _iso(row["expires_at"]),
+                    "expired": bool(row["expired"]),
+                }
+                for row in await workspaces.invites(mine)
+            ]
+            shown["usage"] = [
+                {
+                    "user_id": row["user_id"],
+                    "name": row["display_name"] or row["user_id"],
+                    "runs": int(row["runs"]),
+                    "tokens": int(row["tokens"]),
+                    "cost": round(float(row["cost"]), 6),
+                }
+                for row in await workspaces.usage(mine)
+            ]
+        return shown
+
+    @router.get("/api/workspaces/{workspace_id}/audit")
+    async def audit_log(
+        workspace_id: str, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        await _membership(runtime, user_id, workspace_id, manage=True)
+        rows = await _workspaces(runtime).audit_log(workspace_id)
+        return {
+            "entries": [
+                {
+                    "id": row["id"],
+                    "at": _iso(row["at"]),
+                    "actor": row["actor_id"],
+                    "subject": row["subject_id"],
+                    "action": row["action"],
+                    "detail": row["detail"],
+                }
+                for row in rows
+            ]
+        }
+
+    @router.post("/api/workspaces/{workspace_id}/invites", dependencies=[Checked])
+    async def invite(
+        workspace_id: str,
+        body: InviteBody,
+        request: Request,
+        user_id: CurrentUserId,
+        runtime: Runtime,
+    ) -> dict[str, Any]:
+        flag_client_identity(await request.json(), where="invitation", user_id=user_id)
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        try:
+            code, expires = await _workspaces(runtime).invite(
+                mine, body.role, timedelta(days=body.days)
+            )
+        except WorkspaceRefused as exc:
+            raise _refused(exc) from None
+        # The only time the code leaves the server; in the link's fragment, so no server or
+        # proxy log ever records it.
+        return {
+            "code": code,
+            "link": f"{runtime.public_url}/workspace#join={code}",
+            "role": body.role,
+            "expires_at": expires.isoformat(),
+        }
+
+    @router.post(
+        "/api/workspaces/{workspace_id}/invites/{invite_id}/revoke", dependencies=[Checked]
+    )
+    async def revoke_invite(
+        workspace_id: str, invite_id: str, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, str]:
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        if not await _workspaces(runtime).revoke_invite(mine, invite_id):
+            raise HTTPException(status_code=404, detail="Invitation not found")
+        return {"revoked": invite_id}
+
+    @router.post("/api/workspaces/{workspace_id}/members/{member_id}/role", dependencies=[Checked])
+    async def set_role(
+        workspace_id: str,
+        member_id: str,
+        body: RoleBody,
+        user_id: CurrentUserId,
+        runtime: Runtime,
+    ) -> dict[str, str]:
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        try:
+            await _workspaces(runtime).set_role(mine, member_id, body.role)
+        except WorkspaceRefused as exc:
+            raise _refused(exc) from None
+        return {"user_id": member_id, "role": body.role}
+
+    @router.post(
+        "/api/workspaces/{workspace_id}/members/{member_id}/disable", dependencies=[Checked]
+    )
+    async def set_disabled(
+        workspace_id: str,
+        member_id: str,
+        body: DisableBody,
+        user_id: CurrentUserId,
+        runtime: Runtime,
+    ) -> dict[str, Any]:
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        try:
+            changed = await _workspaces(runtime).set_disabled(
+                mine, member_id, disabled=body.disabled
+            )
+        except WorkspaceRefused as exc:
+            raise _refused(exc) from None
+        if changed and body.disabled and runtime.revocations is not None:
+            # Membership is already gone in Postgres (every request checks it); this also ends
+            # the sessions and live connections they hold right now, on every worker.
+            await runtime.revocations.revoke(member_id)
+        return {"user_id": member_id, "disabled": body.disabled, "changed": changed}
+
+    @router.post("/api/workspaces/{workspace_id}/leave", dependencies=[Checked])
+    async def leave(workspace_id: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+        mine = await _membership(runtime, user_id, workspace_id)
+        workspaces = _workspaces(runtime)
+        try:
+            await workspaces.leave(mine)
+        except WorkspaceRefused as exc:
+            raise _refused(exc) from None
+        return {"active": (await workspaces.active(user_id)).public()}
+
+    return router
