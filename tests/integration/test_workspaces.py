@@ -195,3 +195,77 @@ async def test_a_new_thread_belongs_to_the_active_team(
     assert personal.workspace_id is None
     assert in_team.workspace_id == team.workspace_id
     assert again.workspace_id is None  # a thread stays where it was made
+
+
+async def test_a_revoked_invitation_joins_nobody_and_only_its_workspace_can_revoke_it(
+    workspaces: Workspaces,
+) -> None:
+    alice, bob, mallory = user(), user(), user()
+    team = await workspaces.create(alice, "Revocable")
+    theirs = await workspaces.create(mallory, "Elsewhere")
+    code, _ = await workspaces.invite(team, MEMBER)
+    [pending] = await workspaces.invites(team)
+
+    # Another workspace's manager names the invitation: nothing happens.
+    assert not await workspaces.revoke_invite(theirs, pending["id"])
+    assert await workspaces.revoke_invite(team, pending["id"])
+    assert not await workspaces.revoke_invite(team, pending["id"])  # once
+
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.accept(bob, code)
+    assert await workspaces.invites(team) == []
+    member = await workspaces.accept(bob, (await workspaces.invite(team, MEMBER))[0])
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.invites(member)  # a member does not see invitations
+    actions = [e["action"] for e in await workspaces.audit_log(team.workspace_id)]
+    assert "invite.revoked" in actions
+
+
+async def test_invitations_and_workspaces_are_bounded_under_concurrent_requests(
+    workspaces: Workspaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import auth.workspaces as module
+
+    monkeypatch.setattr(module, "MAX_PENDING_INVITES", 3)
+    monkeypatch.setattr(module, "MAX_CREATED", 2)
+    alice = user()
+    team = await workspaces.create(alice, "Bounded")
+
+    made = await asyncio.gather(
+        *(workspaces.invite(team, MEMBER) for _ in range(6)), return_exceptions=True
+    )
+
+    assert sum(not isinstance(m, Exception) for m in made) == 3
+    assert all(isinstance(m, WorkspaceRefused) for m in made if isinstance(m, Exception))
+    await workspaces.create(alice, "Second")
+    with pytest.raises(WorkspaceRefused, match="at most 2"):
+        await workspaces.create(alice, "Third")
+
+
+async def test_usage_counts_only_the_workspaces_own_conversations(
+    workspaces: Workspaces, persistence: Persistence
+) -> None:
+    alice, bob = user(), user()
+    team = await workspaces.create(alice, "Usage")
+    await workspaces.accept(bob, (await workspaces.invite(team, MEMBER))[0])
+    await workspaces.switch(bob, team.workspace_id)
+    in_team, personal = str(uuid.uuid4()), str(uuid.uuid4())
+    await claim_thread(persistence.pool, thread_id=in_team, user_id=bob, agent="assistant")
+    await workspaces.switch(bob, personal_id(bob))
+    await claim_thread(persistence.pool, thread_id=personal, user_id=bob, agent="assistant")
+    async with persistence.pool.connection() as conn:
+        for thread, tokens in ((in_team, 120), (personal, 5000)):
+            await conn.execute(
+                "INSERT INTO cairn_usage (run_id, user_id, thread_id, agent, status, "
+                "input_tokens, output_tokens, cost) VALUES (%s, %s, %s, 'assistant', 'done', "
+                "%s, 0, 0.5)",
+                (uuid.uuid4(), bob, thread, tokens),
+            )
+
+    usage = {row["user_id"]: row for row in await workspaces.usage(team)}
+
+    assert (usage[bob]["runs"], usage[bob]["tokens"]) == (1, 120)
+    assert (usage[alice]["runs"], usage[alice]["tokens"]) == (0, 0)
+    bobs = await workspaces.membership(bob, team.workspace_id)
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.usage(bobs)
