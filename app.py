@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from auth.local_accounts import LocalAccounts
-from auth.local_oidc import build_local_oidc_router
+from auth.local_oidc import build_local_oidc_router, local_groups
 from auth.sessions import EndedSessionGuard, SessionTokens
 from graphs.core.settings import Settings, get_settings
 from ui import output_guard, runtime
@@ -130,6 +130,7 @@ def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
                 client_secret=provider.client_secret,
                 signing_key_path=settings.data_dir / "local_oidc_key.json",
                 allow_signup=settings.local_signup,
+                groups=local_groups(settings.local_groups),
             )
         )
     app.include_router(build_health_router(lambda: state))

@@ -10,7 +10,7 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -40,7 +40,7 @@ MAX_REDIRECT_URI_LENGTH = 2048
 CSRF_COOKIE = "cairn_local_oidc_csrf"
 CSRF_COOKIE_MAX_AGE = 3600
 _ALGORITHM = "RS256"
-_CLAIMS_SUPPORTED = ["sub", "iss", "nonce", "name", "preferred_username", "email"]
+_CLAIMS_SUPPORTED = ["sub", "iss", "nonce", "name", "preferred_username", "email", "groups"]
 _ACCESS_JWT_TYPE = "at+jwt"
 _CSRF_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
 _CALLBACK_PATH = re.compile(r"(/[^/?#]+)*/auth/oauth/[A-Za-z0-9_-]+/callback")
@@ -378,7 +378,10 @@ class _Provider:
         client_secret: str,
         allow_signup: bool,
         clock: Callable[[], float],
+        groups: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
+        self._groups = dict(groups or {})
+        """Username -> the groups userinfo reports (CAIRN_LOCAL_GROUPS)."""
         self._accounts = accounts
         self._codes = codes
         self._key = key
@@ -460,6 +463,7 @@ class _Provider:
                 "preferred_username": account.username,
                 "name": account.display_name or account.username,
                 "email": f"{account.username}@local.invalid",
+                "groups": list(self._groups.get(account.username, ())),
             },
             headers=_NO_STORE,
         )
@@ -663,6 +667,19 @@ def _check_issuer(issuer: str) -> str:
     return issuer.rstrip("/")
 
 
+def local_groups(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """CAIRN_LOCAL_GROUPS ('name=group|group', comma separated) as username -> groups."""
+    found: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        name, _, listed = entry.partition("=")
+        groups = tuple(g.strip() for g in listed.split("|") if g.strip())
+        if not name.strip() or not groups:
+            msg = f"CAIRN_LOCAL_GROUPS entry {entry!r}: write 'name=group|group'"
+            raise ValueError(msg)
+        found[name.strip()] = groups
+    return found
+
+
 def build_local_oidc_router(
     *,
     accounts: LocalAccounts,
@@ -672,6 +689,7 @@ def build_local_oidc_router(
     client_secret: str,
     signing_key_path: Path,
     allow_signup: bool,
+    groups: Mapping[str, tuple[str, ...]] | None = None,
     code_store: CodeStore | None = None,
     attempt_counter: AttemptCounter | None = None,
     clock: Callable[[], float] = time.time,
@@ -700,6 +718,7 @@ def build_local_oidc_router(
         client_secret=client_secret,
         allow_signup=allow_signup,
         clock=clock,
+        groups=groups,
     )
     router = APIRouter(prefix=ROUTER_PREFIX, tags=["local-oidc"])
     router.add_api_route("/.well-known/openid-configuration", provider.discovery, methods=["GET"])

@@ -29,6 +29,8 @@ from psycopg.types.json import Jsonb
 from auth.identity import CurrentUserId
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from psycopg import AsyncConnection
 
     from graphs.core.persistence import Pool
@@ -50,6 +52,59 @@ MAX_CREATED = 20
 """Team workspaces one user may create (a bound on what one account can make)."""
 MAX_PENDING_INVITES = 100
 """Unused, unexpired invitations a workspace may hold at once."""
+
+
+_RANK = {MEMBER: 1, REVIEWER: 2, ADMIN: 3}
+"""Which role wins when several groups map one user into one workspace."""
+MAX_GROUPS = 1000
+"""Groups read from one sign-in's claim; the rest are ignored (and logged)."""
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """One CAIRN_OIDC_GROUPS entry: members of `group` hold `role` in the workspace `name`."""
+
+    group: str
+    name: str
+    role: str
+
+    @property
+    def workspace_id(self) -> str:
+        """Derived from the name, so every worker makes the same workspace on first use."""
+        key = "oidc:" + " ".join(self.name.split()).casefold()
+        return "w-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def group_rules(entries: Sequence[str]) -> tuple[GroupRule, ...]:
+    """CAIRN_OIDC_GROUPS parsed ('group=Workspace name:role'); a malformed entry is an error at
+    start-up, never a silently ignored rule. A group never makes anyone owner."""
+    rules = []
+    for entry in entries:
+        group, _, rest = entry.partition("=")
+        name, _, role = rest.rpartition(":")
+        group, role = group.strip(), role.strip()
+        msg = (
+            f"CAIRN_OIDC_GROUPS entry {entry!r}: write 'group=Workspace name:role' with role "
+            f"one of {', '.join(INVITABLE)}"
+        )
+        if not group or not rest or role not in INVITABLE:
+            raise ValueError(msg)
+        try:
+            rules.append(GroupRule(group, _checked_name(name), role))
+        except WorkspaceRefused as exc:
+            raise ValueError(f"{msg} ({exc})") from None
+    return tuple(rules)
+
+
+def claimed_groups(value: object) -> frozenset[str]:
+    """The groups a provider's verified claim lists (a list of strings, or one string)."""
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    groups = [g for g in items if isinstance(g, str) and 0 < len(g) <= 256]
+    if len(groups) > MAX_GROUPS:
+        log.warning(
+            "a sign-in listed %d groups; only the first %d are read", len(groups), MAX_GROUPS
+        )
+    return frozenset(groups[:MAX_GROUPS])
 
 
 class WorkspaceNotFound(LookupError):
@@ -123,8 +178,10 @@ def _membership(row: dict[str, Any]) -> Membership:
 class Workspaces:
     """Workspaces, memberships, invitations and the audit log, in Postgres (every worker)."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, group_rules: Sequence[GroupRule] = ()) -> None:
         self.pool = pool
+        self.group_rules = tuple(group_rules)
+        """CAIRN_OIDC_GROUPS, parsed (group_rules): applied at every sign-in (sync_groups)."""
 
     # -- reading ---------------------------------------------------------------------
 
@@ -502,6 +559,99 @@ class Workspaces:
                 {"ws": actor.workspace_id},
             )
             return list(await cur.fetchall())
+
+    async def sync_groups(
+        self, user_id: str, groups: frozenset[str], display_name: str | None = None
+    ) -> None:
+        """At sign-in: the memberships CAIRN_OIDC_GROUPS gives for the verified groups claim.
+        Joins the mapped workspaces (made on first use), follows role changes, and removes a
+        membership from a group the user left. Memberships made by invitation or by creating
+        the workspace are left alone, and so is a member an admin disabled (still disabled,
+        still there). Audited like any other change."""
+        rules = self.group_rules
+        if not rules:
+            return
+        wanted: dict[str, GroupRule] = {}
+        for rule in rules:
+            if rule.group in groups:
+                held = wanted.get(rule.workspace_id)
+                if held is None or _RANK[rule.role] > _RANK[held.role]:
+                    wanted[rule.workspace_id] = rule
+        mapped = sorted({rule.workspace_id: rule for rule in rules}.items())
+        async with self.pool.connection() as conn, conn.transaction():
+            for workspace, rule in mapped:
+                if workspace in wanted:
+                    await conn.execute(
+                        "INSERT INTO cairn_workspaces (id, name, created_by) "
+                        "VALUES (%s, %s, 'oidc') ON CONFLICT DO NOTHING",
+                        (workspace, rule.name),
+                    )
+            cur = await conn.execute(
+                "SELECT workspace_id, role, source, disabled_at FROM cairn_workspace_members "
+                "WHERE user_id = %s AND workspace_id = ANY(%s) ORDER BY workspace_id FOR UPDATE",
+                (user_id, [w for w, _ in mapped]),
+            )
+            held_rows = {str(row["workspace_id"]): row for row in await cur.fetchall()}
+            for workspace, _rule in mapped:
+                await self._sync_one(
+                    conn,
+                    user_id,
+                    workspace,
+                    wanted.get(workspace),
+                    held_rows.get(workspace),
+                    display_name,
+                )
+
+    @staticmethod
+    async def _sync_one(
+        conn: AsyncConnection[Any],
+        user_id: str,
+        workspace: str,
+        rule: GroupRule | None,
+        held: dict[str, Any] | None,
+        display_name: str | None,
+    ) -> None:
+        if held is not None and (held["source"] != "oidc" or held["role"] == OWNER):
+            # An invitation's or the creator's membership, or one an owner made owner: not the
+            # provider's to change (and never a way to leave a workspace without its owner).
+            return
+        if rule is None:
+            if held is not None and held["disabled_at"] is None:
+                await conn.execute(
+                    "DELETE FROM cairn_workspace_members WHERE workspace_id = %s AND user_id = %s",
+                    (workspace, user_id),
+                )
+                await audit(conn, workspace, None, "oidc.removed", subject_id=user_id)
+            return
+        if held is None:
+            await conn.execute(
+                "INSERT INTO cairn_workspace_members "
+                "(workspace_id, user_id, role, source, display_name) "
+                "VALUES (%s, %s, %s, 'oidc', %s)",
+                (workspace, user_id, rule.role, display_name),
+            )
+            await audit(
+                conn,
+                workspace,
+                None,
+                "oidc.joined",
+                subject_id=user_id,
+                detail={"role": rule.role, "group": rule.group},
+            )
+        elif held["role"] != rule.role:
+            await conn.execute(
+                "UPDATE cairn_workspace_members SET role = %s "
+                "WHERE workspace_id = %s AND user_id = %s",
+                (rule.role, workspace, user_id),
+            )
+            await audit(
+                conn,
+                workspace,
+                None,
+                "role.changed",
+                subject_id=user_id,
+                detail={"from": str(held["role"]), "to": rule.role, "group": rule.group},
+            )
 
     async def audit_log(self, workspace_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:

@@ -14,7 +14,7 @@ from auth.local_accounts import LocalAccounts
 from auth.ownership import thread_record
 from auth.sessions import SessionRevocations
 from auth.tokens import AccessTokens
-from auth.workspaces import Workspaces
+from auth.workspaces import Workspaces, group_rules
 from graphs.assistant.offline import offline_assistant
 from graphs.core.embedded import open_embedded, supervise_forever
 from graphs.core.models import chat_model
@@ -151,7 +151,7 @@ def open_runtime(settings: Settings, *, public_url: str, auth_secret: str) -> Ap
         tracing=configure_tracing(settings, auth_secret=auth_secret),
         support_audit=SupportAudit(pool),
         revocations=SessionRevocations(pool),
-        workspaces=Workspaces(pool),
+        workspaces=Workspaces(pool, group_rules(settings.oidc_groups)),
         usage=UsageLedger.from_settings(pool, settings),
     )
 

@@ -171,6 +171,16 @@ class Settings(BaseSettings):
     local_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Seeded accounts for the bundled login, 'name:password' comma separated."""
     local_signup: bool = True
+    oidc_groups: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Team membership from the sign-in's groups claim (comma separated), each
+    'group=Workspace name:role' (role: admin, member or reviewer): signing in as a member of the
+    group makes you that in the workspace (made on first use); leaving the group takes it away
+    at your next sign-in. Memberships from invitations are not touched."""
+    oidc_groups_claim: str = Field(default="groups", pattern=r"^[A-Za-z0-9_.:/-]{1,100}$")
+    """The claim of the provider's user info that lists the user's groups."""
+    local_groups: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Groups the bundled login reports for its accounts (comma separated, 'name=group|group'),
+    to try CAIRN_OIDC_GROUPS without a real provider."""
     """Whether the bundled login offers account creation."""
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Addresses or networks of the reverse proxies in front of the workers (comma separated):
@@ -254,6 +264,8 @@ class Settings(BaseSettings):
         "allow_origins",
         "image_allowed_origins",
         "local_users",
+        "oidc_groups",
+        "local_groups",
         "upload_mime_types",
         "support_users",
         "forwarded_allow_ips",

@@ -176,3 +176,48 @@ def test_a_team_is_made_joined_managed_and_walled_off(app_server, browser) -> No
     assert actions.index("member.disabled") < actions.index("invite.accepted")  # newest first
     alice.context.close()
     bob.context.close()
+
+
+@pytest.fixture(scope="module")
+def groups_server(pg_server_url: str):
+    import tempfile
+    from pathlib import Path
+
+    from tests.conftest import create_database
+    from tests.e2e.conftest import AppServer
+
+    with tempfile.TemporaryDirectory(prefix="cairn-e2e-groups-") as folder:
+        server = AppServer(
+            database_url=create_database(pg_server_url),
+            data_dir=Path(folder),
+            extra_env={
+                "CAIRN_OIDC_GROUPS": "eng=Engineering:member,eng-leads=Engineering:admin",
+                "CAIRN_LOCAL_GROUPS": "alice=eng|eng-leads,bob=eng",
+            },
+        )
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def test_the_sign_ins_groups_claim_makes_the_mapped_team_memberships(
+    groups_server, browser
+) -> None:
+    alice = login(browser, groups_server, "alice")
+    bob = login(browser, groups_server, "bob")
+    with _api(alice, groups_server) as api:
+        teams = [w for w in api.get("/api/workspaces").json()["workspaces"] if not w["personal"]]
+        assert [(w["name"], w["role"]) for w in teams] == [("Engineering", "admin")]
+        team = teams[0]["id"]
+        log = api.get(f"/api/workspaces/{team}/audit").json()["entries"]
+        assert {e["action"] for e in log} == {"oidc.joined"}
+    with _api(bob, groups_server) as api:
+        teams = [w for w in api.get("/api/workspaces").json()["workspaces"] if not w["personal"]]
+        assert [(w["id"], w["role"]) for w in teams] == [(team, "member")]
+        # A member's client cannot lift its own role: roles come from the claim, not the client.
+        lifted = api.post(f"/api/workspaces/{team}/members/x/role", json={"role": "admin"})
+        assert lifted.status_code == 404
+    alice.context.close()
+    bob.context.close()

@@ -17,6 +17,8 @@ from auth.workspaces import (
     WorkspaceNotFound,
     WorkspaceRefused,
     Workspaces,
+    claimed_groups,
+    group_rules,
     personal_id,
 )
 from graphs.core.persistence import Persistence
@@ -269,3 +271,71 @@ async def test_usage_counts_only_the_workspaces_own_conversations(
     bobs = await workspaces.membership(bob, team.workspace_id)
     with pytest.raises(WorkspaceNotFound):
         await workspaces.usage(bobs)
+
+
+async def test_groups_from_the_sign_in_make_follow_and_end_memberships(
+    persistence: Persistence,
+) -> None:
+    rules = group_rules(
+        ["eng=Engineering:member", "eng-leads=Engineering:admin", "qa=Quality:reviewer"]
+    )
+    workspaces = Workspaces(persistence.pool, rules)
+    alice, bob = user(), user()
+    eng = rules[0].workspace_id
+    assert rules[1].workspace_id == eng  # one workspace per name, on every worker
+
+    await workspaces.sync_groups(alice, frozenset({"eng", "eng-leads", "unmapped"}), "Alice")
+    await workspaces.sync_groups(bob, frozenset({"eng", "qa"}))
+
+    assert (await workspaces.membership(alice, eng)).role == ADMIN  # the strongest role wins
+    assert {(m.name, m.role) for m in await workspaces.memberships(bob) if not m.personal} == {
+        ("Engineering", MEMBER),
+        ("Quality", REVIEWER),
+    }
+    # Bob's groups change: the role follows, and a group left takes its workspace away.
+    await workspaces.sync_groups(bob, frozenset({"eng-leads"}))
+    assert (await workspaces.membership(bob, eng)).role == ADMIN
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.membership(bob, rules[2].workspace_id)
+    actions = [e["action"] for e in await workspaces.audit_log(rules[2].workspace_id)]
+    assert actions == ["oidc.removed", "oidc.joined"]
+
+    # An admin's disabling outlives the next sign-in; leaving the group does not undo it either.
+    await workspaces.sync_groups(bob, frozenset({"eng"}))
+    admin = await workspaces.membership(alice, eng)
+    await workspaces.set_disabled(admin, bob, disabled=True)
+    await workspaces.sync_groups(bob, frozenset({"eng"}))
+    await workspaces.sync_groups(bob, frozenset())
+    await workspaces.sync_groups(bob, frozenset({"eng"}))
+    with pytest.raises(WorkspaceNotFound):
+        await workspaces.membership(bob, eng)
+
+
+async def test_groups_never_touch_invited_or_owner_memberships(persistence: Persistence) -> None:
+    carol, dave = user(), user()
+    plain = Workspaces(persistence.pool)
+    team = await plain.create(carol, "Invited")
+    rules = group_rules(["staff=Invited:reviewer"])
+    assert rules[0].workspace_id != team.workspace_id  # a mapped name is its own workspace
+    workspaces = Workspaces(persistence.pool, rules)
+    await workspaces.accept(dave, (await workspaces.invite(team, MEMBER))[0])
+
+    await workspaces.sync_groups(dave, frozenset({"staff"}))
+    await workspaces.sync_groups(dave, frozenset())
+
+    assert (await workspaces.membership(dave, team.workspace_id)).role == MEMBER
+    assert (await workspaces.membership(carol, team.workspace_id)).role == OWNER
+
+
+def test_group_rules_refuse_what_they_cannot_honour() -> None:
+    for entry in ("eng", "=Engineering:member", "eng=Engineering:owner", "eng=:member", "eng=x:"):
+        with pytest.raises(ValueError, match="CAIRN_OIDC_GROUPS"):
+            group_rules([entry])
+    assert group_rules(["a=Team: with colon:admin"])[0].name == "Team: with colon"
+
+
+def test_a_hostile_groups_claim_is_read_as_strings_only() -> None:
+    assert claimed_groups("eng") == {"eng"}
+    assert claimed_groups(["eng", 7, None, {"x": 1}, "", "q" * 300]) == {"eng"}
+    assert claimed_groups({"eng": True}) == frozenset()
+    assert len(claimed_groups([f"g{i}" for i in range(5000)])) == 1000
