@@ -93,7 +93,9 @@ def _metadata(value: Any) -> dict[str, Any]:
 
 
 def _entry(row: dict[str, Any], include: Include, owner_name: str) -> Entry | None:
-    output = str(row["output"] or "")
+    # Stored text is sanitised Markdown, raw HTML turned into entities (ui/output_guard.py); as
+    # plain text it reads as the chat showed it, and html.escape on the way out keeps it text.
+    output = html.unescape(str(row["output"] or ""))
     name = row["name"]
     if row["type"] == "run":
         return Entry(RECALL, "Memory recall", _UNESCAPE.sub(r"\1", output), row["startTime"])
