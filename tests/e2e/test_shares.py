@@ -114,7 +114,9 @@ def test_a_shared_conversation_opens_for_a_teammate_and_is_missing_for_anyone_el
     expect(messages).to_contain_text(f"hostile {HOSTILE} canary 6120")
     expect(messages).not_to_contain_text("Memory: Saved")
     expect(bob.locator("#messages img")).to_have_count(0)
-    expect(bob.get_by_text("Not included: memory notes, recall details, attachments.")).to_be_visible()
+    expect(
+        bob.get_by_text("Not included: memory notes, recall details, attachments.")
+    ).to_be_visible()
     assert dialogs == []
 
     # alice revokes it from her memory page: bob's link is a missing page again.

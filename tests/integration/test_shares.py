@@ -101,7 +101,7 @@ async def chainlit_rows(db: Persistence, owner: str, thread_id: str, steps: list
         for n, step in enumerate(steps):
             await conn.execute(
                 'INSERT INTO "Step" (id, "threadId", name, type, output, metadata, "startTime", '
-                "\"endTime\") VALUES (%s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s), "
+                '"endTime") VALUES (%s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s), '
                 "now() + make_interval(secs => %s))",
                 (
                     step.get("id", str(uuid.uuid4())),
@@ -203,7 +203,9 @@ async def test_only_the_owner_revokes_and_both_changes_are_audited(
         ),
     ]
     # Nothing about A's share went into B's log, though alice is in both.
-    assert not [e for e in await workspaces.audit_log(teams.b.workspace_id) if "share" in e["action"]]
+    assert not [
+        e for e in await workspaces.audit_log(teams.b.workspace_id) if "share" in e["action"]
+    ]
 
 
 async def test_named_members_must_be_live_members_of_the_conversations_workspace(
@@ -274,6 +276,7 @@ async def test_the_view_hides_notes_recall_and_attachments_and_escapes_everythin
         thread,
         [
             {"name": teams.alice, "type": "user_message", "output": f"hello {HOSTILE}"},
+            {"name": teams.alice, "type": "user_message", "output": "hello &lt;b>entity"},
             {"name": RECALL_STEP, "type": "run", "output": "Used 1 fact(s): User lives in Porto"},
             {"name": "remember", "type": "tool", "output": "User lives in Porto (tool)"},
             {"id": reply_id, "name": "Assistant", "type": "assistant_message", "output": "Hi!"},
@@ -306,18 +309,22 @@ async def test_the_view_hides_notes_recall_and_attachments_and_escapes_everythin
 
     assert [(e.kind, e.text) for e in plain.entries] == [
         (USER, f"hello {HOSTILE}"),
+        (USER, "hello <b>entity"),
         (REPLY, "Hi!"),
     ]
-    assert plain.entries[1].attachments == []
-    assert [e.kind for e in everything.entries] == [USER, RECALL, REPLY, NOTE, NOTE]
-    assert [a.name for a in everything.entries[2].attachments] == ["chart.json"]
+    assert plain.entries[2].attachments == []
+    assert [e.kind for e in everything.entries] == [USER, USER, RECALL, REPLY, NOTE, NOTE]
+    assert [a.name for a in everything.entries[3].attachments] == ["chart.json"]
     page = render("/share/x", plain, Include(), "Alice")
-    assert "<img" not in page and "<script>alert" not in page
+    for live in ("<img", "<script>alert", "Porto", "figs", "42 tokens"):
+        assert live not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
-    assert "Porto" not in page and "figs" not in page and "42 tokens" not in page
+    assert "hello &lt;b&gt;entity" in page  # the sanitiser's entity, decoded, escaped again
     assert "Not included: memory notes, recall details, attachments." in page
     full = render("/share/x", everything, Include(True, True, True), "Alice")
-    assert "User lives in Porto" in full and "(tool)" not in full and "figs" in full
+    assert "User lives in Porto" in full
+    assert "figs" in full
+    assert "(tool)" not in full
 
 
 async def test_deleting_the_conversation_or_wiping_the_account_removes_its_shares(
