@@ -25,7 +25,7 @@ from auth.workspaces import MEMBER, Membership, Workspaces
 from graphs.core.persistence import Persistence
 from graphs.memory.privacy import Privacy
 from ui.memory_note import NOTE_KIND, RECALL_STEP
-from ui.shared_conversation import NOTE, RECALL, REPLY, USER, render, transcript
+from ui.shared_conversation import NOTE, RECALL, REPLY, USER, attachment, render, transcript
 
 pytestmark = pytest.mark.integration
 
@@ -315,6 +315,14 @@ async def test_the_view_hides_notes_recall_and_attachments_and_escapes_everythin
     assert plain.entries[2].attachments == []
     assert [e.kind for e in everything.entries] == [USER, USER, RECALL, REPLY, NOTE, NOTE]
     assert [a.name for a in everything.entries[3].attachments] == ["chart.json"]
+    chart = everything.entries[3].attachments[0].id
+    assert await attachment(persistence.pool, thread, chart) == (
+        "chart.json",
+        "application/json",
+        b"{}",
+    )
+    other = await team_thread(persistence, workspaces, teams.alice, teams.a.workspace_id)
+    assert await attachment(persistence.pool, other, chart) is None  # only its own conversation's
     page = render("/share/x", plain, Include(), "Alice")
     for live in ("<img", "<script>alert", "Porto", "figs", "42 tokens"):
         assert live not in page
