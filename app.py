@@ -30,6 +30,7 @@ from ui.metrics import build_router as build_metrics_router
 from ui.origin_guard import OriginGuard
 from ui.proxies import trust_proxies
 from ui.security_headers import SecurityHeaders
+from ui.share_page import build_router as build_share_router
 from ui.support_page import build_router as build_support_router
 from ui.tokens_page import build_router as build_tokens_router
 from ui.workspace_page import build_router as build_workspace_router
@@ -136,6 +137,7 @@ def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
     app.include_router(build_health_router(lambda: state))
     app.include_router(build_memory_router())
     app.include_router(build_support_router())
+    app.include_router(build_share_router())
     for agent in AGENTS:
         if agent.routes is not None:
             app.include_router(agent.routes(settings))

@@ -59,7 +59,9 @@ function conversationLink(threadId, name) {
 
 async function load() {
   try {
-    state = await api("GET", "/api/memory");
+    const [memory, shared] = await Promise.all([api("GET", "/api/memory"), api("GET", "/api/shares")]);
+    state = memory;
+    state.shares = shared.shares;
   } catch (error) {
     say(error.message, true);
     return;
@@ -75,6 +77,7 @@ function render() {
   renderSources();
   renderPlans();
   renderConversations();
+  renderShares();
 }
 
 function renderSettings() {
@@ -382,9 +385,70 @@ function renderConversations() {
     remove.addEventListener("click", () => removeConversation(c, forget.checked));
     const actions = el("div", null, "actions");
     actions.append(label, remove);
+    if (c.workspace_id) {
+      const share = el("button", "Share with the team", "share");
+      share.type = "button";
+      share.addEventListener("click", () => shareConversation(c));
+      actions.append(share);
+    }
     item.append(title, meta, actions);
     list.append(item);
   }
+}
+
+const INCLUDED = { memory_notes: "memory notes", recall: "recall details", attachments: "attachments" };
+
+function renderShares() {
+  const list = $("shares");
+  list.replaceChildren();
+  if (state.shares.length === 0) {
+    list.append(el("li", "Nothing shared.", "hint"));
+    return;
+  }
+  for (const s of state.shares) {
+    const item = el("li", null, "shared");
+    item.dataset.id = s.id;
+    const title = el("div", null, "text");
+    const link = el("a", s.conversation);
+    link.href = s.url;
+    title.append(link);
+    const audience = s.audience === "workspace"
+      ? "the whole team"
+      : s.members.map((m) => m.name || m.user_id).join(", ") || "nobody (its members left)";
+    const included = Object.keys(INCLUDED).filter((k) => s.include[k]).map((k) => INCLUDED[k]);
+    const meta = el("div", "with " + audience + " · shared " + when(s.created_at) +
+      (included.length ? " · includes " + included.join(", ") : ""), "meta");
+    const copy = el("div", null, "copy-row");
+    copy.append(el("code", window.location.origin + s.url));
+    const revoke = el("button", "Revoke", "destructive revoke");
+    revoke.type = "button";
+    revoke.addEventListener("click", () => revokeShare(s));
+    const actions = el("div", null, "actions");
+    actions.append(revoke);
+    item.append(title, meta, copy, actions);
+    list.append(item);
+  }
+}
+
+async function shareConversation(c) {
+  try {
+    const share = await api("POST", "/api/threads/" + encodeURIComponent(c.id) + "/shares", { audience: "workspace" });
+    say("Shared with the team: " + window.location.origin + share.url);
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
+}
+
+async function revokeShare(s) {
+  if (!window.confirm('Stop sharing "' + s.conversation + '"?')) return;
+  try {
+    await api("POST", "/api/shares/" + encodeURIComponent(s.id) + "/revoke", {});
+    say("Share revoked: the link no longer opens.");
+  } catch (error) {
+    say(error.message, true);
+  }
+  await load();
 }
 
 async function removeConversation(c, forget) {

@@ -9,6 +9,11 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 
 NOTE_AUTHOR = "Cairn"
+NOTE_KIND = "memory_note"
+"""The stored note's metadata `kind`: a shared conversation hides notes unless asked not to."""
+NOTE_PREFIX = "Memory: "
+RECALL_STEP = "Memory recall"
+"""The name of the step showing what recall took from memory (hidden in a shared conversation)."""
 _MARKDOWN_RE = re.compile(r"([\\`*_{}\[\]()<>#+!|~-])")
 
 
@@ -38,7 +43,7 @@ def memory_note(results: Iterable[ToolMessage]) -> str | None:
         line = memory_note_text(message)
         if line and line not in lines:
             lines.append(line)
-    return "\n".join(f"Memory: {line}" for line in lines) or None
+    return "\n".join(f"{NOTE_PREFIX}{line}" for line in lines) or None
 
 
 def memory_note_text(message: ToolMessage) -> str | None:

@@ -405,7 +405,7 @@ def _memory_json(m: Any, names: dict[str, str]) -> dict[str, Any]:
 async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, Any]]:
     async with runtime.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT c.thread_id, c.agent, c.temporary, c.last_active_at, t.name, "
+            "SELECT c.thread_id, c.agent, c.temporary, c.last_active_at, c.workspace_id, t.name, "
             "(SELECT max(a.at) FROM cairn_support_audit a WHERE a.thread_id = c.thread_id "
             " AND a.owner_id = c.owner_id) AS support_at, "
             "(SELECT count(*) FROM cairn_support_audit a WHERE a.thread_id = c.thread_id "
@@ -421,6 +421,8 @@ async def _conversations(runtime: AppRuntime, user_id: str) -> list[dict[str, An
             "name": row["name"] or "Untitled conversation",
             "agent": row["agent"],
             "temporary": row["temporary"],
+            # A team's conversation may be shared with the team (ui/share_page.py).
+            "workspace_id": row["workspace_id"],
             "last_active_at": row["last_active_at"].isoformat(),
             # The owner sees that support opened the conversation (and forked it).
             "support_opened_at": row["support_at"].isoformat() if row["support_at"] else None,

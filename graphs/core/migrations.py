@@ -684,6 +684,34 @@ ALTER TABLE cairn_access_tokens ADD COLUMN IF NOT EXISTS workspace_id text
     REFERENCES cairn_workspaces(id) ON DELETE CASCADE;
 """
 
+# Shares (auth/shares.py): a conversation of a team workspace shown read-only to the workspace
+# or to named members of it. The id is the link's (128 random bits); the rows go with their
+# conversation (the foreign key to cairn_threads: the memory page's delete, the sidebar's,
+# retention and a wipe) and with their workspace. What the shared view adds to the messages is
+# off unless the owner turned it on.
+SHARES_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_thread_shares (
+    id text PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9_-]{22}$'),
+    thread_id text NOT NULL REFERENCES cairn_threads(thread_id) ON DELETE CASCADE,
+    owner_id text NOT NULL,
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    audience text NOT NULL CHECK (audience IN ('workspace', 'members')),
+    include_memory_notes boolean NOT NULL DEFAULT false,
+    include_recall boolean NOT NULL DEFAULT false,
+    include_attachments boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    revoked_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS cairn_thread_shares_owner ON cairn_thread_shares (owner_id, created_at);
+CREATE INDEX IF NOT EXISTS cairn_thread_shares_thread ON cairn_thread_shares (thread_id);
+CREATE TABLE IF NOT EXISTS cairn_thread_share_members (
+    share_id text NOT NULL REFERENCES cairn_thread_shares(id) ON DELETE CASCADE,
+    user_id text NOT NULL,
+    PRIMARY KEY (share_id, user_id)
+);
+CREATE INDEX IF NOT EXISTS cairn_thread_share_members_user ON cairn_thread_share_members (user_id);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -708,6 +736,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0110_element_files", ELEMENT_FILES_SQL),
     Migration("0111_usage_roles", USAGE_ROLES_SQL),
     Migration("0112_workspaces", WORKSPACES_SQL),
+    Migration("0115_thread_shares", SHARES_SQL),
 )
 
 

@@ -73,6 +73,8 @@ SELECT
     AS message_checkpoints,
   (SELECT count(*) FROM cairn_support_audit WHERE owner_id = %(u)s OR thread_id = ANY(%(t)s))
     AS support_audit,
+  (SELECT count(*) FROM cairn_thread_shares WHERE owner_id = %(u)s OR thread_id = ANY(%(t)s))
+  + (SELECT count(*) FROM cairn_thread_share_members WHERE user_id = %(u)s) AS shares,
   (SELECT count(*) FROM store s, unnest(%(roots)s::text[]) r
     WHERE s.prefix = r OR left(s.prefix, length(r) + 1) = r || '.') AS store_items,
   (SELECT count(*) FROM store_vectors v, unnest(%(roots)s::text[]) r
@@ -392,6 +394,11 @@ class Privacy:
             # the session cut-off above, now gone.
             await conn.execute("DELETE FROM cairn_access_tokens WHERE user_id = %s", (user_id,))
             await conn.execute("DELETE FROM cairn_token_calls WHERE user_id = %s", (user_id,))
+            # Shares of the user's conversations went with them (the foreign key); being named
+            # in a teammate's share goes too: an account made again starts with none.
+            await conn.execute(
+                "DELETE FROM cairn_thread_share_members WHERE user_id = %s", (user_id,)
+            )
         await self._step(report, "conversations_deleted")
         # No job can run for this user any more, so the forget records can go too.
         async with memory.locked():

@@ -16,6 +16,8 @@ from ui.chainlit.agents import Presentation
 from ui.chainlit.surface import ask_question, new_reply
 from ui.memory_note import (
     NOTE_AUTHOR,
+    NOTE_KIND,
+    RECALL_STEP,
     category_label,
     memory_note,
     memory_note_text,
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from ui.runner import LoadState, Status
 
 REPLY_NODE = "assistant"
-NODE_STEPS = {"recall_memories": "Memory recall", "assistant": "Thinking"}
+NODE_STEPS = {"recall_memories": RECALL_STEP, "assistant": "Thinking"}
 """Nodes shown as steps (Chainlit prefixes "Using"/"Used"); the tools node shows one step per
 tool call instead."""
 MEMORY_OFF = "Memory is off in this temporary chat: nothing was recalled."
@@ -202,7 +204,7 @@ async def send_memory_note(results: Iterable[ToolMessage]) -> cl.Message | None:
     note = memory_note(results)
     if note is None:
         return None
-    message = cl.Message(content=note, author=NOTE_AUTHOR)
+    message = cl.Message(content=note, author=NOTE_AUTHOR, metadata={"kind": NOTE_KIND})
     await message.send()
     return message
 
