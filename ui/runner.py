@@ -67,6 +67,14 @@ RECURSION_NOTICE = (
 MODEL_FAILED = "The model did not answer. Your message is saved; press Retry to try again."
 ANSWERED = "That question has already been answered."
 MALFORMED_ANSWER = "That button's request was malformed and has been ignored."
+NEEDS_REVIEWER = (
+    "This plan waits for a reviewer of your team: you cannot approve it yourself. It is in "
+    "the reviewers' queue; you may still edit or reject it."
+)
+WAITING_FOR_REVIEWER = (
+    "Your team asks for a reviewer's approval of plans: this one is in the reviewers' queue. "
+    "The run goes on once a reviewer approves it; you will see who decided and when."
+)
 UNAVAILABLE = "This conversation's agent is not available on this server."
 DATABASE_DOWN = (
     "Cairn could not reach its database just now, so this message was not answered. "
@@ -129,6 +137,9 @@ class InterruptKind:
     describe: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda _value: {})
     """The question's details for a caller without the chat (an MCP client): what it is asked
     to answer, and what an edit should contain."""
+    reviewable: bool = False
+    """A plan a team may require a reviewer to approve (auth/reviews.py): then "approve" is a
+    reviewer's decision, not the requester's."""
 
 
 def last_ai_text(values: dict[str, Any]) -> str | None:
@@ -269,6 +280,21 @@ class Surface(Protocol):
         ...
 
 
+class ReviewGate(Protocol):
+    """Four-eyes approval of a team's plans (auth/reviews.Reviews)."""
+
+    async def required(self, workspace_id: str | None, agent: str) -> bool: ...
+    async def after_run(
+        self,
+        *,
+        workspace_id: str | None,
+        thread_id: str,
+        agent: str,
+        requester_id: str,
+        waiting: dict[str, dict[str, Any]],
+    ) -> bool: ...
+
+
 class ForkPoints(Protocol):
     """Which checkpoint each user message was sent on (graphs/core/timetravel.py)."""
 
@@ -339,6 +365,7 @@ class Runner:
         usage: UsageLedger | None = None,
         model_calls: Bucket | None = None,
         max_runs_per_user: int = 0,
+        reviews: ReviewGate | None = None,
     ) -> None:
         if not agents:
             msg = "the runner needs at least one agent"
@@ -367,6 +394,8 @@ class Runner:
         self.max_runs_per_user = max_runs_per_user
         """Runs one user may have going at once across workers, counted in the run journal
         (0: no limit)."""
+        self.reviews = reviews
+        """Plans of teams that want a reviewer wait for one (None: the requester decides)."""
         self._background: set[asyncio.Task[None]] = set()
 
     def spec_for_profile(self, profile: str | None) -> AgentSpec:
@@ -493,8 +522,11 @@ class Runner:
         interrupt_id: str,
         decision: str,
         ask: Ask | None = None,
+        reviewed_by: str | None = None,
     ) -> RunOutcome:
-        """A button answering a paused run, checked against the thread, the pause and its kind."""
+        """A button answering a paused run, checked against the thread, the pause and its kind.
+        `reviewed_by`: a reviewer's decision taken from the queue (auth/reviews.py), which
+        alone may approve a plan its team wants reviewed."""
         checked = await self._owned(surface, user_id, thread_id)
         if isinstance(checked, RunOutcome):
             return checked
@@ -509,6 +541,9 @@ class Runner:
             log.warning("refused: decision %r for a %s question", decision[:40], spec.key)
             await surface.refuse(MALFORMED_ANSWER)
             return RunOutcome("refused", owned=owned)
+        if await self._needs_reviewer(kind, decision, owned, reviewed_by):
+            await surface.refuse(NEEDS_REVIEWER)
+            return RunOutcome("paused", [pending], owned=owned)
         value = pending.value if isinstance(pending.value, dict) else {}
         asked: list[str] = []
 
@@ -780,7 +815,7 @@ class Runner:
         if authority is None or authority.user_id != context.user_id:
             authority = fence.Fence.now(context.user_id)
         with fence.acting_for(authority):
-            return await self._run_fenced(
+            outcome = await self._run_fenced(
                 surface,
                 spec,
                 inputs,
@@ -793,6 +828,50 @@ class Runner:
                 edit,
                 on_fork,
             )
+            await self._queue_reviews(surface, spec, context, owned, outcome)
+            return outcome
+
+    async def _needs_reviewer(
+        self, kind: InterruptKind | None, decision: str, owned: OwnedThread, reviewer: str | None
+    ) -> bool:
+        if kind is None or not kind.reviewable or decision != "approve" or reviewer is not None:
+            return False
+        return self.reviews is not None and await self.reviews.required(
+            owned.workspace_id, owned.agent
+        )
+
+    async def _queue_reviews(
+        self,
+        surface: Surface,
+        spec: AgentSpec,
+        context: Context,
+        owned: OwnedThread,
+        outcome: RunOutcome,
+    ) -> None:
+        """A team conversation's plans that want a reviewer go to the queue (and questions
+        no longer pending leave it); the requester is told it waits."""
+        if self.reviews is None or owned.workspace_id is None:
+            return
+        if outcome.status not in ("paused", "done", "failed"):
+            return
+        waiting = {}
+        for pending in outcome.interrupts if outcome.status == "paused" else []:
+            kind = spec.interrupt_kind(pending.value)
+            if kind is not None and kind.reviewable and isinstance(pending.value, dict):
+                waiting[pending.id] = kind.describe(pending.value)
+        try:
+            queued = await self.reviews.after_run(
+                workspace_id=owned.workspace_id,
+                thread_id=context.thread_id,
+                agent=spec.key,
+                requester_id=context.user_id,
+                waiting=waiting,
+            )
+        except Exception:
+            log.exception("queueing thread %s's plan for review failed", context.thread_id)
+            return
+        if queued:
+            await surface.notice(WAITING_FOR_REVIEWER)
 
     async def _run_fenced(
         self,

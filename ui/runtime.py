@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request
 
 from auth.local_accounts import LocalAccounts
 from auth.ownership import thread_record
+from auth.reviews import Reviews
 from auth.sessions import SessionRevocations
 from auth.tokens import AccessTokens
 from auth.workspaces import Workspaces, group_rules
@@ -80,6 +81,8 @@ class AppRuntime:
     """Personal access tokens for the MCP endpoint."""
     workspaces: Workspaces | None = None
     """Teams, roles, invitations and the audit log (auth/workspaces.py)."""
+    reviews: Reviews | None = None
+    """Team plans waiting for a reviewer (auth/reviews.py)."""
     usage: UsageLedger | None = None
     """Every run's model use, and each user's monthly budget (graphs/core/usage.py)."""
     journal: RunJournal | None = None
@@ -152,6 +155,7 @@ def open_runtime(settings: Settings, *, public_url: str, auth_secret: str) -> Ap
         support_audit=SupportAudit(pool),
         revocations=SessionRevocations(pool),
         workspaces=Workspaces(pool, group_rules(settings.oidc_groups)),
+        reviews=Reviews(pool),
         usage=UsageLedger.from_settings(pool, settings),
     )
 
@@ -189,6 +193,7 @@ async def start(runtime: AppRuntime) -> None:
         usage=runtime.usage,
         model_calls=model_call_bucket(runtime.pool, runtime.settings),
         max_runs_per_user=runtime.settings.max_runs_per_user,
+        reviews=runtime.reviews,
     )
     runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),

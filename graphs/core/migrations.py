@@ -712,6 +712,30 @@ CREATE TABLE IF NOT EXISTS cairn_thread_share_members (
 CREATE INDEX IF NOT EXISTS cairn_thread_share_members_user ON cairn_thread_share_members (user_id);
 """
 
+# Four-eyes approval (auth/reviews.py): a plan of a team conversation waiting for a reviewer.
+# One row per paused question (thread, interrupt); decided once (the UPDATE that takes it from
+# 'pending' is the only way out), by someone other than the requester. The goal and steps are
+# kept here for the reviewers' queue and go with the conversation (ON DELETE CASCADE).
+REVIEWS_SQL = """
+CREATE TABLE IF NOT EXISTS cairn_reviews (
+    id text PRIMARY KEY,
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    thread_id text NOT NULL REFERENCES cairn_threads(thread_id) ON DELETE CASCADE,
+    interrupt_id text NOT NULL,
+    agent text NOT NULL,
+    requester_id text NOT NULL,
+    details jsonb NOT NULL DEFAULT '{}',
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'approve', 'edit', 'reject', 'withdrawn')),
+    decided_by text,
+    decided_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (thread_id, interrupt_id)
+);
+CREATE INDEX IF NOT EXISTS cairn_reviews_pending ON cairn_reviews (workspace_id, created_at)
+    WHERE status = 'pending';
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -736,6 +760,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0110_element_files", ELEMENT_FILES_SQL),
     Migration("0111_usage_roles", USAGE_ROLES_SQL),
     Migration("0112_workspaces", WORKSPACES_SQL),
+    Migration("0113_reviews", REVIEWS_SQL),
     Migration("0115_thread_shares", SHARES_SQL),
 )
 

@@ -115,6 +115,7 @@ SPEC = AgentSpec(
             decisions=frozenset({"approve", "edit", "reject"}),
             resume_value=review_answer,
             describe=describe_plan_review,
+            reviewable=True,
         ),
     ),
     stream_modes=("messages",),

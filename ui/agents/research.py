@@ -163,6 +163,7 @@ SPEC = AgentSpec(
             decisions=frozenset({"approve", "edit", "reject"}),
             resume_value=plan_answer,
             describe=describe_plan_review,
+            reviewable=True,
         ),
     ),
     subgraphs=True,
