@@ -684,6 +684,13 @@ ALTER TABLE cairn_access_tokens ADD COLUMN IF NOT EXISTS workspace_id text
     REFERENCES cairn_workspaces(id) ON DELETE CASCADE;
 """
 
+WORKSPACE_WIPE_SQL = """
+ALTER TABLE cairn_workspaces ALTER COLUMN created_by DROP NOT NULL;
+ALTER TABLE cairn_workspace_invites ALTER COLUMN created_by DROP NOT NULL;
+"""
+"""A wiped account's id leaves the teams it made and the invitations others used
+(graphs/memory/privacy.leave_workspaces): NULL there means "an account since wiped"."""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -708,6 +715,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0110_element_files", ELEMENT_FILES_SQL),
     Migration("0111_usage_roles", USAGE_ROLES_SQL),
     Migration("0112_workspaces", WORKSPACES_SQL),
+    Migration("0114_workspace_wipe", WORKSPACE_WIPE_SQL),
 )
 
 

@@ -88,6 +88,7 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0110_element_files",
         "0111_usage_roles",
         "0112_workspaces",
+        "0114_workspace_wipe",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)

@@ -13,12 +13,18 @@ from auth.oauth import (
     LOCAL_CLIENT_ID,
     LOCAL_IN_PRODUCTION,
     LOCAL_PROVIDER_ID,
+    audit_sign_in,
     local_client_secret,
     verified_user,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from graphs.core.settings import Settings
+    from ui.runtime import AppRuntime
+
+    OAuthHook = Callable[[str, str, dict[str, Any], User, str | None], Awaitable[User | None]]
 
 
 async def oauth_callback(
@@ -33,6 +39,29 @@ async def oauth_callback(
     if user is None:
         return None
     return User(identifier=user.identifier, display_name=user.display_name, metadata=user.metadata)
+
+
+def audited_oauth_callback(runtime: Callable[[], AppRuntime]) -> OAuthHook:
+    """oauth_callback, with each sign-in written to the audit log of the user's active
+    workspace (auth.oauth.audit_sign_in: a failure there never blocks the sign-in)."""
+
+    async def signed_in(
+        provider_id: str,
+        token: str,
+        raw_user_data: dict[str, Any],
+        default_user: User,
+        id_token: str | None = None,
+    ) -> User | None:
+        user = await oauth_callback(provider_id, token, raw_user_data, default_user, id_token)
+        if user is not None:
+            try:
+                workspaces = runtime().workspaces
+            except Exception:  # still starting: the sign-in goes ahead unaudited
+                workspaces = None
+            await audit_sign_in(workspaces, user.identifier, provider_id)
+        return user
+
+    return signed_in
 
 
 class LocalOIDCProvider(GenericOAuthProvider):
