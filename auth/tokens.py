@@ -218,7 +218,8 @@ class AccessTokens:
                 "%(concurrent)s, %(hourly)s, %(calls)s, now() + make_interval(days => %(days)s), "
                 "%(ws)s::text WHERE %(ws)s::text IS NULL OR "
                 + LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
-                + f" RETURNING {_COLUMNS}",
+                + f" RETURNING {_COLUMNS}, "
+                "(SELECT name FROM cairn_workspaces WHERE id = workspace_id) AS workspace_name",
                 {
                     "id": token_id,
                     "user": user_id,
