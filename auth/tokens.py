@@ -145,6 +145,16 @@ _USABLE_WORKSPACE = (
 """A token of a team acts only while its owner is a live (not disabled) member there."""
 
 
+_IN_TEAM = LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
+_CREATE = (
+    "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, scopes, pre_approve, "  # noqa: S608 (constants only)
+    "max_concurrent, max_runs_per_hour, max_model_calls, expires_at, workspace_id) "
+    "SELECT %(id)s, %(user)s, %(name)s, %(hash)s, %(hint)s, %(scopes)s, %(pre)s, "
+    "%(concurrent)s, %(hourly)s, %(calls)s, now() + make_interval(days => %(days)s), "
+    f"%(ws)s::text WHERE %(ws)s::text IS NULL OR {_IN_TEAM} RETURNING {_COLUMNS}, "
+    "(SELECT name FROM cairn_workspaces WHERE id = workspace_id) AS workspace_name"
+)
+"""A new token, made only in the user's personal workspace or a team they are live in."""
 _T_COLUMNS = ", ".join(f"t.{c.strip()}" for c in _COLUMNS.split(","))
 
 
@@ -211,15 +221,7 @@ class AccessTokens:
         target = await self._audited_in(user_id, workspace_id)
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, "
-                "scopes, pre_approve, max_concurrent, max_runs_per_hour, max_model_calls, "
-                "expires_at, workspace_id) "
-                "SELECT %(id)s, %(user)s, %(name)s, %(hash)s, %(hint)s, %(scopes)s, %(pre)s, "
-                "%(concurrent)s, %(hourly)s, %(calls)s, now() + make_interval(days => %(days)s), "
-                "%(ws)s::text WHERE %(ws)s::text IS NULL OR "
-                + LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
-                + f" RETURNING {_COLUMNS}, "
-                "(SELECT name FROM cairn_workspaces WHERE id = workspace_id) AS workspace_name",
+                _CREATE,
                 {
                     "id": token_id,
                     "user": user_id,

@@ -185,7 +185,9 @@ async def test_a_token_is_made_only_in_a_team_of_which_the_user_is_a_live_member
         await make_token(runtime.tokens, stranger, t.workspace_id)
 
     assert await runtime.tokens.owned(stranger) == []
-    assert all(a != "token.created" for a, _ in await audit_actions(runtime.workspaces, t.workspace_id))
+    assert all(
+        a != "token.created" for a, _ in await audit_actions(runtime.workspaces, t.workspace_id)
+    )
 
 
 # -- the tokens page and the audit log ---------------------------------------------------------
@@ -260,7 +262,7 @@ async def test_signing_out_everywhere_audits_each_token_in_its_workspace(runtime
     assert await runtime.tokens.revoke_all(t.member) == 2
 
     for workspace in (t.workspace_id, personal_id(t.member)):
-        [(action, detail)] = [
+        [(_, detail)] = [
             e for e in await audit_actions(runtime.workspaces, workspace) if e[0] == "token.revoked"
         ]
         assert detail["why"] == "signed out everywhere"
@@ -280,10 +282,10 @@ async def test_a_sign_in_is_audited_in_the_active_workspace_and_never_blocks(
     await audit_sign_in(runtime.workspaces, t.member, "cairn")
 
     assert signed_in is not None
-    assert [a for a, _ in await audit_actions(runtime.workspaces, personal_id(signed_in.identifier))] == [
-        "sign_in"
-    ]
-    [(action, detail)] = [
+    assert [
+        a for a, _ in await audit_actions(runtime.workspaces, personal_id(signed_in.identifier))
+    ] == ["sign_in"]
+    [(_, detail)] = [
         e for e in await audit_actions(runtime.workspaces, t.workspace_id) if e[0] == "sign_in"
     ]
     assert detail == {"provider": "cairn"}
@@ -490,7 +492,11 @@ async def test_a_wipe_leaves_every_workspace_and_team_logs_no_longer_name_the_us
     assert personal == {"n": 0}
     logged = await workspaces.audit_log(t.workspace_id)
     anonymised = [e for e in logged if e["detail"].get("actor_wiped")]
-    assert {e["action"] for e in anonymised} == {"invite.accepted", "invite.created", "token.created"}
+    assert {e["action"] for e in anonymised} == {
+        "invite.accepted",
+        "invite.created",
+        "token.created",
+    }
     assert all(e["actor_id"] is None for e in anonymised)
     [token_entry] = [e for e in anonymised if e["action"] == "token.created"]
     assert "name" not in token_entry["detail"]  # the name bob gave it goes with bob
