@@ -145,13 +145,17 @@ _USABLE_WORKSPACE = (
 """A token of a team acts only while its owner is a live (not disabled) member there."""
 
 
-_IN_TEAM = LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
+_IN_TEAM = (
+    "EXISTS (SELECT 1 FROM cairn_workspaces w WHERE w.id = %(ws)s::text "  # noqa: S608
+    "AND w.personal_of IS NULL) AND " + LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
+)
+"""A team (never a personal workspace's id: a personal token's is NULL) the user is live in."""
 _CREATE = (
     "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, scopes, pre_approve, "  # noqa: S608 (constants only)
     "max_concurrent, max_runs_per_hour, max_model_calls, expires_at, workspace_id) "
     "SELECT %(id)s, %(user)s, %(name)s, %(hash)s, %(hint)s, %(scopes)s, %(pre)s, "
     "%(concurrent)s, %(hourly)s, %(calls)s, now() + make_interval(days => %(days)s), "
-    f"%(ws)s::text WHERE %(ws)s::text IS NULL OR {_IN_TEAM} RETURNING {_COLUMNS}, "
+    f"%(ws)s::text WHERE %(ws)s::text IS NULL OR ({_IN_TEAM}) RETURNING {_COLUMNS}, "
     "(SELECT name FROM cairn_workspaces WHERE id = workspace_id) AS workspace_name"
 )
 """A new token, made only in the user's personal workspace or a team they are live in."""

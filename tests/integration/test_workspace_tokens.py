@@ -183,6 +183,10 @@ async def test_a_token_is_made_only_in_a_team_of_which_the_user_is_a_live_member
 
     with pytest.raises(WorkspaceNotFound):
         await make_token(runtime.tokens, stranger, t.workspace_id)
+    with pytest.raises(WorkspaceNotFound):  # a personal token's workspace is NULL, never its id
+        await make_token(
+            runtime.tokens, stranger, (await runtime.workspaces.personal(stranger)).workspace_id
+        )
 
     assert await runtime.tokens.owned(stranger) == []
     assert all(
