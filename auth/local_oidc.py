@@ -463,7 +463,11 @@ class _Provider:
                 "preferred_username": account.username,
                 "name": account.display_name or account.username,
                 "email": f"{account.username}@local.invalid",
-                "groups": list(self._groups.get(account.username, ())),
+                **(
+                    {"groups": list(self._groups[account.username])}
+                    if account.username in self._groups
+                    else {}
+                ),
             },
             headers=_NO_STORE,
         )

@@ -9,7 +9,10 @@ import hmac
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from auth.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,26 @@ def verified_user(provider_id: str, raw_user_data: dict[str, Any]) -> VerifiedUs
             "session": secrets.token_urlsafe(16),
         },
     )
+
+
+async def audit_sign_in(workspaces: Workspaces | None, user_id: str, provider_id: str) -> None:
+    """A `sign_in` entry in the audit log of the workspace the user has active (their personal
+    one, made now, for a first sign-in): the active workspace read, then one INSERT. Never in
+    the way of the sign-in itself: a failure is logged, not raised."""
+    if workspaces is None:
+        log.warning("sign-in of %s not audited: workspaces not started", user_id)
+        return
+    try:
+        active = await workspaces.active(user_id)
+        await workspaces.record(
+            active.workspace_id,
+            user_id,
+            "sign_in",
+            subject_id=user_id,
+            detail={"provider": provider_id},
+        )
+    except Exception:
+        log.exception("sign-in of %s not audited", user_id)
 
 
 def local_client_secret(auth_secret: str) -> str:

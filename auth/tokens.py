@@ -5,6 +5,10 @@ Only a SHA-256 of each token is stored; the token itself is shown once, when it 
 secret part is 32 random bytes, so a plain hash is enough (nothing to brute-force). Each use is
 recorded in `cairn_token_calls`, which is both the audit log and what the per-token limits
 count, so the limits hold across workers.
+
+A token belongs to the workspace its creator had active (auth/workspaces.py; NULL: personal).
+A team token works only while its owner is a live member of that team, and its runs' new
+threads go there. Making and revoking a token are written to that workspace's audit log.
 """
 
 from __future__ import annotations
@@ -16,8 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+from auth.ownership import LIVE_TEAM
+from auth.workspaces import WorkspaceNotFound, Workspaces, audit
+
 if TYPE_CHECKING:
     from collections.abc import Collection
+
+    from psycopg import AsyncConnection
 
     from graphs.core.pool import Pool
 
@@ -75,10 +84,20 @@ class TokenInfo:
     expires_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    workspace_id: str | None = None
+    """The team workspace it acts in; None: its owner's personal one."""
+    workspace_name: str | None = None
+    """That workspace's name, where it was read (the owner's list)."""
+    member: bool = True
+    """Its owner is still a live member of its team workspace (always so for a personal one)."""
 
     @property
     def active(self) -> bool:
         return self.revoked_at is None and self.expires_at > datetime.now(UTC)
+
+    def audit_detail(self) -> dict[str, Any]:
+        """What the workspace's audit log keeps about it (never the secret or its hash)."""
+        return {"token_id": self.id, "name": self.name, "scopes": sorted(self.scopes)}
 
     def public(self) -> dict[str, Any]:
         """What the settings page shows about it."""
@@ -95,7 +114,12 @@ class TokenInfo:
             "expires_at": self.expires_at.isoformat(),
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
             "revoked": self.revoked_at is not None,
-            "active": self.active,
+            "active": self.active and self.member,
+            "workspace_id": self.workspace_id,
+            "workspace": self.workspace_name
+            or ("Personal" if self.workspace_id is None else self.workspace_id),
+            "personal": self.workspace_id is None,
+            "membership_ended": not self.member,
         }
 
 
@@ -113,8 +137,29 @@ def hash_token(secret: str) -> str:
 # Constant column lists are the only text formatted into these statements.
 _COLUMNS = (
     "id, user_id, name, hint, scopes, pre_approve, max_concurrent, max_runs_per_hour, "
-    "max_model_calls, created_at, expires_at, last_used_at, revoked_at"
+    "max_model_calls, created_at, expires_at, last_used_at, revoked_at, workspace_id"
 )
+_USABLE_WORKSPACE = (
+    "(t.workspace_id IS NULL OR " + LIVE_TEAM.format(ws="t.workspace_id", user="t.user_id") + ")"
+)
+"""A token of a team acts only while its owner is a live (not disabled) member there."""
+
+
+_IN_TEAM = (
+    "EXISTS (SELECT 1 FROM cairn_workspaces w WHERE w.id = %(ws)s::text "  # noqa: S608
+    "AND w.personal_of IS NULL) AND " + LIVE_TEAM.format(ws="%(ws)s::text", user="%(user)s")
+)
+"""A team (never a personal workspace's id: a personal token's is NULL) the user is live in."""
+_CREATE = (
+    "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, scopes, pre_approve, "  # noqa: S608 (constants only)
+    "max_concurrent, max_runs_per_hour, max_model_calls, expires_at, workspace_id) "
+    "SELECT %(id)s, %(user)s, %(name)s, %(hash)s, %(hint)s, %(scopes)s, %(pre)s, "
+    "%(concurrent)s, %(hourly)s, %(calls)s, now() + make_interval(days => %(days)s), "
+    f"%(ws)s::text WHERE %(ws)s::text IS NULL OR ({_IN_TEAM}) RETURNING {_COLUMNS}, "
+    "(SELECT name FROM cairn_workspaces WHERE id = workspace_id) AS workspace_name"
+)
+"""A new token, made only in the user's personal workspace or a team they are live in."""
+_T_COLUMNS = ", ".join(f"t.{c.strip()}" for c in _COLUMNS.split(","))
 
 
 def _info(row: dict[str, Any]) -> TokenInfo:
@@ -134,6 +179,9 @@ def _info(row: dict[str, Any]) -> TokenInfo:
         expires_at=row["expires_at"],
         last_used_at=row["last_used_at"],
         revoked_at=row["revoked_at"],
+        workspace_id=row["workspace_id"],
+        workspace_name=row.get("workspace_name"),
+        member=bool(row.get("member", True)),
     )
 
 
@@ -167,70 +215,112 @@ class AccessTokens:
         days: int,
         limits: TokenLimits,
         pre_approve: bool = False,
+        workspace_id: str | None = None,
     ) -> NewToken:
+        """A new token acting in `workspace_id` (a team the user is a live member of, else
+        WorkspaceNotFound; None: their personal workspace), audited there."""
         scopes = self.checked_scopes(scopes)
         secret = PREFIX + secrets.token_urlsafe(32)
         token_id = "tok_" + secrets.token_hex(8)
-        async with self.pool.connection() as conn:
+        target = await self._audited_in(user_id, workspace_id)
+        async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO cairn_access_tokens (id, user_id, name, token_hash, hint, scopes, "  # noqa: S608
-                "pre_approve, max_concurrent, max_runs_per_hour, max_model_calls, expires_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                "now() + make_interval(days => %s)) "
-                f"RETURNING {_COLUMNS}",
-                (
-                    token_id,
-                    user_id,
-                    name,
-                    hash_token(secret),
-                    secret[-4:],
-                    sorted(scopes),
-                    pre_approve,
-                    limits.max_concurrent,
-                    limits.max_runs_per_hour,
-                    limits.max_model_calls,
-                    days,
-                ),
+                _CREATE,
+                {
+                    "id": token_id,
+                    "user": user_id,
+                    "name": name,
+                    "hash": hash_token(secret),
+                    "hint": secret[-4:],
+                    "scopes": sorted(scopes),
+                    "pre": pre_approve,
+                    "concurrent": limits.max_concurrent,
+                    "hourly": limits.max_runs_per_hour,
+                    "calls": limits.max_model_calls,
+                    "days": days,
+                    "ws": workspace_id,
+                },
             )
             row = await cur.fetchone()
-        assert row is not None
-        log.info("access token %s created for user %s (scopes %s)", token_id, user_id, scopes)
-        return NewToken(secret=secret, info=_info(row))
+            if row is None:  # not (or no longer) a live member of that team
+                log.warning("refused: user %s making a token in %s", user_id, workspace_id)
+                raise WorkspaceNotFound
+            info = _info(row)
+            await audit(conn, target, user_id, "token.created", detail=info.audit_detail())
+        log.info(
+            "access token %s created for user %s (scopes %s, workspace %s)",
+            token_id,
+            user_id,
+            scopes,
+            workspace_id or "personal",
+        )
+        return NewToken(secret=secret, info=info)
+
+    async def _audited_in(self, user_id: str, workspace_id: str | None) -> str:
+        """The workspace whose audit log a token's events go to; a personal one is made the
+        first time it is needed (its row is what the log refers to)."""
+        if workspace_id is not None:
+            return workspace_id
+        return (await Workspaces(self.pool).personal(user_id)).workspace_id
 
     async def owned(self, user_id: str) -> list[TokenInfo]:
+        """The user's tokens, each with its workspace and whether it still acts there."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLUMNS} FROM cairn_access_tokens WHERE user_id = %s "  # noqa: S608
-                "ORDER BY created_at DESC",
+                f"SELECT {_T_COLUMNS}, w.name AS workspace_name, "  # noqa: S608
+                f"{_USABLE_WORKSPACE} AS member FROM cairn_access_tokens t "
+                "LEFT JOIN cairn_workspaces w ON w.id = t.workspace_id "
+                "WHERE t.user_id = %s ORDER BY t.created_at DESC",
                 (user_id,),
             )
             return [_info(row) for row in await cur.fetchall()]
 
     async def revoke(self, user_id: str, token_id: str) -> bool:
-        """False when the user has no such token (someone else's looks the same)."""
+        """False when the user has no such token (someone else's looks the same). The first
+        revocation is written to the token's workspace's audit log."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "UPDATE cairn_access_tokens SET revoked_at = COALESCE(revoked_at, now()) "
+                "SELECT workspace_id, revoked_at FROM cairn_access_tokens "
                 "WHERE id = %s AND user_id = %s",
                 (token_id, user_id),
             )
-            done = cur.rowcount > 0
-        if done:
-            log.info("access token %s revoked by user %s", token_id, user_id)
-        else:
+            found = await cur.fetchone()
+        if found is None:
             log.warning("refused or missing: user %s revoking token %s", user_id, token_id)
-        return done
+            return False
+        if found["revoked_at"] is None:
+            target = await self._audited_in(user_id, found["workspace_id"])
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "UPDATE cairn_access_tokens SET revoked_at = now() "  # noqa: S608
+                    "WHERE id = %s AND user_id = %s AND revoked_at IS NULL "
+                    f"RETURNING {_COLUMNS}",
+                    (token_id, user_id),
+                )
+                row = await cur.fetchone()
+                if row is not None:  # else revoked meanwhile, and audited by that revocation
+                    await _audit_revoked(conn, target, user_id, _info(row))
+        log.info("access token %s revoked by user %s", token_id, user_id)
+        return True
 
     async def revoke_all(self, user_id: str) -> int:
         """Sign out everywhere: every live token of the user is revoked (the cut-off already
-        refuses them; this shows them revoked on the page). Returns how many."""
-        async with self.pool.connection() as conn:
+        refuses them; this shows them revoked on the page), each audited in its workspace.
+        Returns how many."""
+        personal = await self._audited_in(user_id, None)
+        async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "UPDATE cairn_access_tokens SET revoked_at = now() "
-                "WHERE user_id = %s AND revoked_at IS NULL AND expires_at > now()",
+                "UPDATE cairn_access_tokens SET revoked_at = now() "  # noqa: S608
+                "WHERE user_id = %s AND revoked_at IS NULL AND expires_at > now() "
+                f"RETURNING {_COLUMNS}",
                 (user_id,),
             )
-            done = cur.rowcount
+            revoked = [_info(row) for row in await cur.fetchall()]
+            for info in revoked:
+                await _audit_revoked(
+                    conn, info.workspace_id or personal, user_id, info, why="signed out everywhere"
+                )
+        done = len(revoked)
         log.info("%d access tokens of user %s revoked (signed out everywhere)", done, user_id)
         return done
 
@@ -239,10 +329,11 @@ class AccessTokens:
         if not secret or not secret.startswith(PREFIX) or len(secret) > 200:
             raise TokenRejected
         async with self.pool.connection() as conn:
+            # One statement: a team token whose owner left or was disabled there is unknown.
             cur = await conn.execute(
-                "UPDATE cairn_access_tokens SET last_used_at = now() "  # noqa: S608
-                "WHERE token_hash = %s AND revoked_at IS NULL AND expires_at > now() "
-                f"RETURNING {_COLUMNS}",
+                "UPDATE cairn_access_tokens t SET last_used_at = now() "  # noqa: S608
+                "WHERE t.token_hash = %s AND t.revoked_at IS NULL AND t.expires_at > now() "
+                f"AND {_USABLE_WORKSPACE} RETURNING {_COLUMNS}",
                 (hash_token(secret),),
             )
             row = await cur.fetchone()
@@ -337,6 +428,18 @@ class AccessTokens:
                 (token_id, user_id),
             )
             return [dict(row) for row in await cur.fetchall()]
+
+
+async def _audit_revoked(
+    conn: AsyncConnection[Any],
+    workspace_id: str,
+    user_id: str,
+    info: TokenInfo,
+    *,
+    why: str | None = None,
+) -> None:
+    detail = info.audit_detail() | ({"why": why} if why else {})
+    await audit(conn, workspace_id, user_id, "token.revoked", detail=detail)
 
 
 def _over_limit(limits: TokenLimits, running: int, started: int) -> str | None:

@@ -41,11 +41,18 @@ function row(token) {
   const item = el("li", undefined, "token");
   item.dataset.id = token.id;
   item.append(el("div", `${token.name} (${token.hint})`, "text"));
-  const state = token.revoked ? "revoked" : token.active ? "active" : "expired";
+  const state = token.revoked
+    ? "revoked"
+    : token.membership_ended
+      ? "stopped: you are no longer a member of its workspace"
+      : token.active
+        ? "active"
+        : "expired";
   item.append(
     el(
       "div",
-      `${state} · agents: ${token.scopes.join(", ")} · expires ${when(token.expires_at)} · ` +
+      `${state} · acts in ${token.personal ? "your personal workspace" : token.workspace} · ` +
+        `agents: ${token.scopes.join(", ")} · expires ${when(token.expires_at)} · ` +
         `last used ${when(token.last_used_at)} · ${token.max_concurrent} at once, ` +
         `${token.max_runs_per_hour}/hour, ${token.max_model_calls} model calls per run` +
         (token.pre_approve ? " · may pre-approve low-risk approvals" : ""),
@@ -90,6 +97,9 @@ function scopeBoxes(agents) {
 async function load() {
   const data = await api("GET", "/api/tokens");
   $("endpoint").textContent = data.endpoint;
+  $("token-workspace").textContent = data.workspace.personal
+    ? "your personal workspace"
+    : `the ${data.workspace.name} workspace`;
   scopeBoxes(data.agents);
   // Only agents whose questions can be pre-approved are named (none: no switch).
   $("preapprove-agents").textContent = data.pre_approvable.join(", ");

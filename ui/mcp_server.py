@@ -32,7 +32,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from auth.ownership import NOT_FOUND, ThreadNotFound
+from auth.ownership import NOT_FOUND, InWorkspace, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
 from graphs.core.offline import OFFLINE_STRUCTURED
 from ui.runner import UNAVAILABLE
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from starlette.types import Receive, Scope, Send
 
+    from auth.ownership import OwnedThread
     from auth.tokens import AccessTokens, TokenInfo
     from graphs.core.context import Context as RunContext
     from graphs.core.pool import Pool
@@ -434,6 +435,7 @@ class McpEndpoint:
                 text=text,
                 message_id=str(uuid.uuid4()),
                 temporary=temporary,
+                workspace=InWorkspace(token.workspace_id),  # the token's, not the active one
             )
             if pre_approve and outcome.status == "paused":
                 outcome = await self._pre_approve(surface, runner, spec, call, outcome)
@@ -490,6 +492,7 @@ class McpEndpoint:
         runner = self.runner()
         try:
             owned = await runner.threads.require(thread_id=thread_id, user_id=token.user_id)
+            _in_workspace(token, owned)
             pending = await runner.pending(user_id=token.user_id, thread_id=thread_id)
         except ThreadNotFound:
             raise ToolError(NOT_FOUND) from None
@@ -542,6 +545,7 @@ class McpEndpoint:
     async def _check_thread(self, token: TokenInfo, thread_id: str, agent: str) -> None:
         try:
             owned = await self.runner().threads.require(thread_id=thread_id, user_id=token.user_id)
+            _in_workspace(token, owned)
         except ThreadNotFound:
             raise ToolError(NOT_FOUND) from None
         if owned.agent != agent:
@@ -672,6 +676,19 @@ def _token(ctx: Context) -> TokenInfo:
     if token is None:  # the gate always sets it; a tool reached another way gets nothing
         raise ToolError(INVALID)
     return token  # type: ignore[no-any-return]
+
+
+def _in_workspace(token: TokenInfo, owned: OwnedThread) -> None:
+    """A token acts in its own workspace: a conversation of another one (the user's personal
+    one for a team token, or another team) is refused like a missing one."""
+    if owned.workspace_id != token.workspace_id:
+        log.warning(
+            "refused: token %s (workspace %s) reached thread of workspace %s",
+            token.id,
+            token.workspace_id or "personal",
+            owned.workspace_id or "personal",
+        )
+        raise ThreadNotFound
 
 
 def _in_scope(token: TokenInfo, agent: str) -> None:

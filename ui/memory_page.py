@@ -260,6 +260,8 @@ async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
     data["support_access"] = (
         await runtime.support_audit.for_owner(user_id) if runtime.support_audit else []
     )
+    # Every workspace audit entry about the user, as actor or subject (README "Teams").
+    data["workspace_audit"] = await _workspace_audit(runtime, user_id)
     stamp = datetime.now(UTC).strftime("%Y%m%d")
     return JSONResponse(
         data,
@@ -268,6 +270,18 @@ async def export(user_id: CurrentUserId, runtime: Runtime) -> JSONResponse:
             "Cache-Control": "no-store",
         },
     )
+
+
+async def _workspace_audit(runtime: AppRuntime, user_id: str) -> list[dict[str, Any]]:
+    if runtime.workspaces is None:
+        return []
+    return [
+        {
+            key: value.isoformat() if isinstance(value, datetime) else value
+            for key, value in e.items()
+        }
+        for e in await runtime.workspaces.audit_about(user_id)
+    ]
 
 
 @router.post("/api/conversations/{thread_id}/delete", dependencies=[Checked])

@@ -21,7 +21,14 @@ from langchain_core.messages import AIMessage
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
-from auth.ownership import NOT_FOUND, OwnedThread, ThreadNotFound, claim_thread, require_owner
+from auth.ownership import (
+    NOT_FOUND,
+    InWorkspace,
+    OwnedThread,
+    ThreadNotFound,
+    claim_thread,
+    require_owner,
+)
 from graphs.core import fence, metrics
 from graphs.core.context import Context
 from graphs.core.errors import is_database_outage
@@ -317,8 +324,17 @@ class Threads(Protocol):
     """Thread ownership (auth/ownership.py on Postgres; tests may keep it in memory)."""
 
     async def claim(
-        self, *, thread_id: str, user_id: str, agent: str, temporary: bool
-    ) -> OwnedThread: ...
+        self,
+        *,
+        thread_id: str,
+        user_id: str,
+        agent: str,
+        temporary: bool,
+        workspace: InWorkspace | None = None,
+    ) -> OwnedThread:
+        """`workspace`: where a new thread goes instead of the user's active one."""
+        ...
+
     async def require(self, *, thread_id: str, user_id: str) -> OwnedThread: ...
 
 
@@ -327,10 +343,21 @@ class PostgresThreads:
     pool: Pool
 
     async def claim(
-        self, *, thread_id: str, user_id: str, agent: str, temporary: bool
+        self,
+        *,
+        thread_id: str,
+        user_id: str,
+        agent: str,
+        temporary: bool,
+        workspace: InWorkspace | None = None,
     ) -> OwnedThread:
         return await claim_thread(
-            self.pool, thread_id=thread_id, user_id=user_id, agent=agent, temporary=temporary
+            self.pool,
+            thread_id=thread_id,
+            user_id=user_id,
+            agent=agent,
+            temporary=temporary,
+            workspace=workspace,
         )
 
     async def require(self, *, thread_id: str, user_id: str) -> OwnedThread:
@@ -416,8 +443,11 @@ class Runner:
         text: str,
         message_id: str,
         temporary: bool,
+        workspace: InWorkspace | None = None,
     ) -> RunOutcome:
         """A user's message: the thread is claimed (or checked) and the agent it keeps runs.
+        A new thread goes to the user's active workspace, or to `workspace` when given (a run
+        started with an access token acts in the token's workspace).
 
         Postgres away (at any point of the run): the user is told, with a Retry that sends
         the message again, and the outcome is `unavailable`; the message is not dropped."""
@@ -430,6 +460,7 @@ class Runner:
                 text=text,
                 message_id=message_id,
                 temporary=temporary,
+                workspace=workspace,
             )
         except Exception as exc:
             if not is_database_outage(exc):
@@ -448,12 +479,17 @@ class Runner:
         text: str,
         message_id: str,
         temporary: bool,
+        workspace: InWorkspace | None = None,
     ) -> RunOutcome:
         wanted = self.spec_for_profile(profile)
         try:
             # A thread keeps the agent it was started with, whatever profile the client reports.
             owned = await self.threads.claim(
-                thread_id=thread_id, user_id=user_id, agent=wanted.key, temporary=temporary
+                thread_id=thread_id,
+                user_id=user_id,
+                agent=wanted.key,
+                temporary=temporary,
+                workspace=workspace,
             )
         except ThreadNotFound:
             await surface.refuse(NOT_FOUND)

@@ -3,7 +3,8 @@
 Only identities with the support role (CAIRN_SUPPORT_USERS) reach it; anyone else gets the 404
 a missing conversation gets. Every page view and every fork is written to the support audit
 (who, whose conversation, why, state digests before and after), shown here and in the owner's
-export, and the owner's memory page says that support opened the conversation. Support never
+export, and the owner's memory page says that support opened the conversation; it is also
+entered in the audit log of the conversation's workspace (`support.viewed`, `support.forked`). Support never
 sees memories (graphs/core/timetravel.visible), and a fork runs through the turn runner as the
 owner's thread without long-term memory. Every value is escaped into server-made HTML; the
 fork is a POST with the page's request header (the memory page's CSRF check).
@@ -88,9 +89,10 @@ async def _thread(runtime: AppRuntime, thread_id: str) -> tuple[str, OwnedThread
     return record[0], record[1], graph
 
 
-async def _audit(runtime: AppRuntime, entry: AuditEntry) -> None:
+async def _audit(runtime: AppRuntime, entry: AuditEntry, owned: OwnedThread) -> None:
     assert runtime.support_audit is not None
     await runtime.support_audit.record(entry)
+    await _workspace_audit(runtime, entry, owned)
     log.info(
         "support %s: %s on thread %s of %s (checkpoint %s)",
         entry.actor_id,
@@ -98,6 +100,29 @@ async def _audit(runtime: AppRuntime, entry: AuditEntry) -> None:
         entry.thread_id,
         entry.owner_id,
         entry.checkpoint_id or "-",
+    )
+
+
+async def _workspace_audit(runtime: AppRuntime, entry: AuditEntry, owned: OwnedThread) -> None:
+    """The access in the audit log of the conversation's workspace: its team's, or the
+    owner's personal one. Like the support audit, it is written before anything is shown."""
+    workspaces = runtime.workspaces
+    if workspaces is None:
+        return
+    workspace = owned.workspace_id or (await workspaces.personal(entry.owner_id)).workspace_id
+    detail: dict[str, Any] = {"thread_id": entry.thread_id, "view": entry.action}
+    if entry.checkpoint_id:
+        detail["checkpoint_id"] = entry.checkpoint_id
+    if entry.new_checkpoint_id:
+        detail["new_checkpoint_id"] = entry.new_checkpoint_id
+    if entry.reason:
+        detail["reason"] = entry.reason
+    await workspaces.record(
+        workspace,
+        entry.actor_id,
+        "support.forked" if entry.action == "fork" else "support.viewed",
+        subject_id=entry.owner_id,
+        detail=detail,
     )
 
 
@@ -140,7 +165,7 @@ async def open_thread(actor: SupportUserId, thread_id: str = "") -> RedirectResp
 @router.get("/support/threads/{thread_id}", include_in_schema=False)
 async def thread_page(thread_id: str, actor: SupportUserId, runtime: Runtime) -> HTMLResponse:
     owner, owned, graph = await _thread(runtime, thread_id)
-    await _audit(runtime, AuditEntry(actor, owner, thread_id, "history"))
+    await _audit(runtime, AuditEntry(actor, owner, thread_id, "history"), owned)
     rows = "".join(
         f"<tr data-checkpoint='{_e(c.checkpoint_id)}'>"
         f"<td><a href='/support/threads/{_e(thread_id)}/checkpoints/{_e(c.checkpoint_id)}'>"
@@ -165,7 +190,7 @@ async def thread_page(thread_id: str, actor: SupportUserId, runtime: Runtime) ->
 async def checkpoint_page(
     thread_id: str, checkpoint: str, actor: SupportUserId, runtime: Runtime
 ) -> HTMLResponse:
-    owner, _owned, graph = await _thread(runtime, thread_id)
+    owner, owned, graph = await _thread(runtime, thread_id)
     snapshot = await snapshot_at(graph, thread_id, checkpoint)
     if snapshot is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
@@ -179,6 +204,7 @@ async def checkpoint_page(
             checkpoint_id=checkpoint,
             before_digest=state_digest(snapshot.values),
         ),
+        owned,
     )
     shown = jsonable(visible(snapshot.values))
     return _page(
@@ -240,7 +266,7 @@ def _fork_form(thread_id: str, checkpoint: str, values: dict[str, Any]) -> str:
 async def _fork(
     runtime: AppRuntime, actor: str, thread_id: str, checkpoint: str, body: ForkBody
 ) -> dict[str, Any]:
-    owner, _owned, graph = await _thread(runtime, thread_id)
+    owner, owned, graph = await _thread(runtime, thread_id)
     snapshot = await snapshot_at(graph, thread_id, checkpoint)
     if snapshot is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
@@ -272,6 +298,7 @@ async def _fork(
                 after_digest=state_digest(forked.values),
                 new_checkpoint_id=made["id"],
             ),
+            owned,
         )
         return new
 

@@ -3,7 +3,8 @@
 A sibling of the memory & data page with its auth and CSRF handling: the user comes only from
 the verified session cookie, and every state-changing request must carry the page's request
 header from an allowed origin. A token is shown once, when it is made; someone else's token id
-gets the same 404 as a missing one.
+gets the same 404 as a missing one. A token acts in the workspace its maker had active then
+(auth/tokens.py), and the page says which.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.tokens import TokenLimits
+from auth.workspaces import WorkspaceNotFound, thread_workspace
 from ui.mcp_server import PATH as MCP_PATH
 from ui.mcp_server import pre_approvable, token_scopes
 from ui.memory_page import Checked
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from auth.tokens import AccessTokens
+    from auth.workspaces import Membership
     from ui.runner import AgentSpec
 
 PAGE = Path(__file__).resolve().parent.parent / "public" / "tokens.html"
@@ -52,6 +55,14 @@ def _tokens(runtime: AppRuntime) -> AccessTokens:
     return tokens
 
 
+async def _active(runtime: AppRuntime, user_id: str) -> Membership:
+    """The workspace a token made now acts in: the one the user has active."""
+    workspaces = runtime.workspaces
+    if workspaces is None:
+        raise HTTPException(status_code=503, detail="Cairn is still starting")
+    return await workspaces.active(user_id)
+
+
 def build_router(specs: Sequence[AgentSpec]) -> APIRouter:
     """The page and its API (the runtime comes from the memory page's dependency), for the
     given agents: a token scope for each offered over MCP, and the pre-approval switch naming
@@ -73,6 +84,7 @@ def build_router(specs: Sequence[AgentSpec]) -> APIRouter:
             "agents": agents,
             "pre_approvable": may_pre_approve,
             "tokens": [t.public() for t in await _tokens(runtime).owned(user_id)],
+            "workspace": (await _active(runtime, user_id)).public(),
             "limits": {
                 "max_days": settings.mcp_token_max_days,
                 "max_concurrent": settings.mcp_max_concurrent,
@@ -107,14 +119,19 @@ def build_router(specs: Sequence[AgentSpec]) -> APIRouter:
             asked = tokens.checked_scopes(body.scopes)
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        made = await tokens.create(
-            user_id,
-            name=body.name.strip() or "token",
-            scopes=asked,
-            days=body.days,
-            limits=limits,
-            pre_approve=body.pre_approve,
-        )
+        active = await _active(runtime, user_id)
+        try:
+            made = await tokens.create(
+                user_id,
+                name=body.name.strip() or "token",
+                scopes=asked,
+                days=body.days,
+                limits=limits,
+                pre_approve=body.pre_approve,
+                workspace_id=thread_workspace(active),
+            )
+        except WorkspaceNotFound:  # left or disabled since the line above
+            raise HTTPException(status_code=404, detail="Workspace not found") from None
         # The only time the token itself leaves the server.
         return {"token": made.secret, **made.info.public()}
 

@@ -736,6 +736,13 @@ CREATE INDEX IF NOT EXISTS cairn_reviews_pending ON cairn_reviews (workspace_id,
     WHERE status = 'pending';
 """
 
+WORKSPACE_WIPE_SQL = """
+ALTER TABLE cairn_workspaces ALTER COLUMN created_by DROP NOT NULL;
+ALTER TABLE cairn_workspace_invites ALTER COLUMN created_by DROP NOT NULL;
+"""
+"""A wiped account's id leaves the teams it made and the invitations others used
+(graphs/memory/privacy.leave_workspaces): NULL there means "an account since wiped"."""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -761,6 +768,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0111_usage_roles", USAGE_ROLES_SQL),
     Migration("0112_workspaces", WORKSPACES_SQL),
     Migration("0113_reviews", REVIEWS_SQL),
+    Migration("0114_workspace_wipe", WORKSPACE_WIPE_SQL),
     Migration("0115_thread_shares", SHARES_SQL),
 )
 

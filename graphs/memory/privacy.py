@@ -75,6 +75,13 @@ SELECT
     AS support_audit,
   (SELECT count(*) FROM cairn_thread_shares WHERE owner_id = %(u)s OR thread_id = ANY(%(t)s))
   + (SELECT count(*) FROM cairn_thread_share_members WHERE user_id = %(u)s) AS shares,
+  (SELECT count(*) FROM cairn_workspace_members WHERE user_id = %(u)s)
+  + (SELECT count(*) FROM cairn_active_workspace WHERE user_id = %(u)s)
+  + (SELECT count(*) FROM cairn_workspaces WHERE personal_of = %(u)s OR created_by = %(u)s)
+  + (SELECT count(*) FROM cairn_workspace_invites WHERE created_by = %(u)s OR used_by = %(u)s)
+  + (SELECT count(*) FROM cairn_workspace_audit WHERE actor_id = %(u)s OR subject_id = %(u)s)
+  + (SELECT count(*) FROM cairn_reviews WHERE requester_id = %(u)s OR decided_by = %(u)s)
+    AS workspaces,
   (SELECT count(*) FROM store s, unnest(%(roots)s::text[]) r
     WHERE s.prefix = r OR left(s.prefix, length(r) + 1) = r || '.') AS store_items,
   (SELECT count(*) FROM store_vectors v, unnest(%(roots)s::text[]) r
@@ -255,8 +262,9 @@ class Privacy:
 
     async def wipe_account(self, user_id: str) -> WipeReport:
         """Delete all my data: sessions ended first, then memories, every conversation with
-        its checkpoints, runs, queued jobs, Chainlit rows, dead letters and settings;
-        tombstones last. Logged in cairn_wipes and checked at the end; safe to run again.
+        its checkpoints, runs, queued jobs, Chainlit rows, dead letters and settings, tokens,
+        workspace memberships (leave_workspaces: team audit logs keep no trace of the user's
+        id); tombstones last. Logged in cairn_wipes and checked at the end; safe to run again.
 
         Ending the sessions records the user's cut-off under the user's lock held
         exclusively (graphs.core.fence): from then on every write authorised before it, on
@@ -400,6 +408,9 @@ class Privacy:
                 "DELETE FROM cairn_thread_share_members WHERE user_id = %s", (user_id,)
             )
         await self._step(report, "conversations_deleted")
+        async with self.pool.connection() as conn, conn.transaction():
+            await leave_workspaces(conn, user_id)
+        await self._step(report, "workspaces_left")
         # No job can run for this user any more, so the forget records can go too.
         async with memory.locked():
             counts["tombstones"] = counts.get("tombstones", 0) + await memory.erase_locked(
@@ -455,6 +466,53 @@ class Privacy:
                 "UPDATE cairn_wipes SET step = %s, counts = %s WHERE id = %s",
                 (step, Jsonb(report.counts), report.wipe_id),
             )
+
+
+WIPED = {"actor": "actor_wiped", "subject": "subject_wiped"}
+"""The detail key set to true in an audit entry whose actor or subject wiped their account."""
+
+
+async def leave_workspaces(conn: psycopg.AsyncConnection[DictRow], user_id: str) -> None:
+    """A wipe takes the user out of every workspace (auth/workspaces.py).
+
+    Gone: their memberships, their active-workspace choice, the invitations they made that
+    nobody used, and their personal workspace with everything in it (its audit log included).
+    Teams keep their audit logs, which are the team's record (who changed a role, who made a
+    token, when support opened a conversation), but no entry names the user any more: their id
+    as actor or subject becomes NULL, with `actor_wiped`/`subject_wiped` set in the detail so
+    the entry reads "an account since wiped", not "the system". NULL rather than a marker id:
+    no marker can ever be a real user's id and pull strangers' entries into their export. A
+    token's name (free text they chose) leaves its entries too. Used invitations and the teams
+    they created stay with their creator and user set to NULL.
+    """
+    await conn.execute("DELETE FROM cairn_active_workspace WHERE user_id = %s", (user_id,))
+    await conn.execute(
+        "DELETE FROM cairn_workspace_invites WHERE created_by = %s AND used_at IS NULL",
+        (user_id,),
+    )
+    await conn.execute(
+        "UPDATE cairn_workspace_invites SET created_by = NULLIF(created_by, %(u)s), "
+        "used_by = NULLIF(used_by, %(u)s) WHERE created_by = %(u)s OR used_by = %(u)s",
+        {"u": user_id},
+    )
+    await conn.execute("DELETE FROM cairn_workspace_members WHERE user_id = %s", (user_id,))
+    await conn.execute("DELETE FROM cairn_workspaces WHERE personal_of = %s", (user_id,))
+    await conn.execute(
+        "UPDATE cairn_workspaces SET created_by = NULL WHERE created_by = %s", (user_id,)
+    )
+    # Their own plans' reviews go with their conversations (the foreign key); a decision they
+    # made on a teammate's plan stays, by "a reviewer since wiped".
+    await conn.execute(
+        "UPDATE cairn_reviews SET decided_by = NULL WHERE decided_by = %s", (user_id,)
+    )
+    for role, flag in WIPED.items():
+        # Constant column names only.
+        await conn.execute(
+            f"UPDATE cairn_workspace_audit SET {role}_id = NULL, "  # noqa: S608
+            "detail = CASE WHEN action LIKE 'token.%%' THEN detail - 'name' ELSE detail END "
+            f"|| jsonb_build_object('{flag}', true) WHERE {role}_id = %s",
+            (user_id,),
+        )
 
 
 def _wipe_key(wipe_id: int) -> str:

@@ -71,6 +71,7 @@ class Runtime:
     """The chat port (set below: the Chainlit adapter's, on the test database)."""
     runner: Any = None
     support_audit: Any = None
+    workspaces: Any = None
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,7 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0111_usage_roles",
         "0112_workspaces",
         "0113_reviews",
+        "0114_workspace_wipe",
         "0115_thread_shares",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)

@@ -16,6 +16,7 @@ from langchain_core.messages import HumanMessage
 
 from auth import identity
 from auth.sessions import SessionRevocations
+from auth.workspaces import Workspaces, personal_id
 from graphs.assistant.offline import offline_assistant
 from graphs.core.persistence import Persistence
 from graphs.core.runlock import ThreadRunLocks
@@ -62,6 +63,7 @@ class Runtime:
     runner: Runner
     privacy: Privacy
     support_audit: SupportAudit
+    workspaces: Workspaces
     public_url: str = "http://test"
     accounts: Any = None
     memory_jobs: Any = None
@@ -105,6 +107,7 @@ async def runtime(db: Persistence) -> AsyncIterator[Runtime]:
         runner=runner,
         privacy=privacy,
         support_audit=SupportAudit(db.pool),
+        workspaces=Workspaces(db.pool),
         port=ChainlitChat(db.pool, discover(AGENTS)),
     )
     await runner.drain()
@@ -236,6 +239,12 @@ async def test_support_opens_history_and_state_escaped_and_every_access_is_audit
         assert mine["support_opened_at"] is not None
         exported = (await client.get("/api/memory/export")).json()
         assert {r["action"] for r in exported["support_access"]} == {"history", "state"}
+        # ... and in the audit log of the conversation's workspace (here: the owner's own).
+        seen = [e for e in exported["workspace_audit"] if e["action"] == "support.viewed"]
+        assert [(e["workspace_id"], e["actor_id"], e["detail"]["view"]) for e in seen] == [
+            (personal_id(owner), SUPPORT, "history"),
+            (personal_id(owner), SUPPORT, "state"),
+        ]
     async with client_as(runtime, new_user()) as client:
         assert (await client.get("/api/memory/export")).json()["support_access"] == []
 
@@ -298,6 +307,11 @@ async def test_a_fork_with_an_edited_plan_makes_a_branch_and_leaves_history_inta
     assert fork_row["before_digest"] == digests[checkpoint_id(paused.config)]
     assert fork_row["after_digest"] == state_digest(forked.values)
     assert fork_row["new_checkpoint_id"] == result["new_checkpoint_id"]
+    [forked_entry] = [
+        e for e in await runtime.workspaces.audit_about(owner) if e["action"] == "support.forked"
+    ]
+    assert forked_entry["workspace_id"] == personal_id(owner)
+    assert forked_entry["detail"]["new_checkpoint_id"] == result["new_checkpoint_id"]
     notice = await scalar(
         runtime.persistence,
         'SELECT output FROM "Step" WHERE "threadId" = %s AND type = \'assistant_message\'',

@@ -11,6 +11,7 @@ import pytest
 from langgraph.types import Interrupt
 
 from auth.tokens import AccessTokens
+from auth.workspaces import OWNER, Membership, personal_id
 from graphs.core.settings import Settings
 from tests.unit.test_mcp_server import endpoint as mcp_endpoint
 from tests.unit.test_mcp_server import token
@@ -158,10 +159,18 @@ def test_an_agent_without_a_tool_is_chat_only() -> None:
     assert "notes" not in instructions((*AGENTS, chat_only))
 
 
+class FakeWorkspaces:
+    """Every user in their personal workspace (auth/workspaces.py keeps them in Postgres)."""
+
+    async def active(self, user_id: str) -> Membership:
+        return Membership(personal_id(user_id), "Personal", OWNER, personal=True, user_id=user_id)
+
+
 class FakeRuntime:
     settings = Settings()
     public_url = "http://localhost:8000"
     tokens = AccessTokens(None, scopes=token_scopes(WITH_SUMMARY))  # type: ignore[arg-type]
+    workspaces = FakeWorkspaces()
 
 
 async def _no_tokens(_user_id: str) -> list[Any]:
@@ -185,8 +194,10 @@ def test_the_tokens_page_offers_each_scope_and_refuses_others(
     app.dependency_overrides[current_runtime] = FakeRuntime
     app.dependency_overrides[memory_page.same_origin] = lambda: None
     client = TestClient(app)
-    shown = client.get("/api/tokens").json()["agents"]
+    overview = client.get("/api/tokens").json()
+    shown = overview["agents"]
     assert shown[-1] == {"scope": "summary", "label": "Summary"}
+    assert overview["workspace"]["personal"] is True  # where a token made now would act
     refused = client.post("/api/tokens", json={"name": "t", "scopes": ["payroll"]})
     assert refused.status_code == 422
     assert refused.json()["detail"].startswith("scopes must be some of")

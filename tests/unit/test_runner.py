@@ -106,7 +106,9 @@ class MemoryThreads:
     def __init__(self) -> None:
         self.rows: dict[str, tuple[str, str, bool]] = {}
 
-    async def claim(self, *, thread_id: str, user_id: str, agent: str, temporary: bool):
+    async def claim(
+        self, *, thread_id: str, user_id: str, agent: str, temporary: bool, workspace: Any = None
+    ):
         owner, kept, temp = self.rows.setdefault(thread_id, (user_id, agent, temporary))
         if owner != user_id:
             raise ThreadNotFound

@@ -17,7 +17,6 @@ from pydantic import BaseModel
 
 from auth.identity import flag_client_identity
 from auth.ownership import NOT_FOUND, ThreadNotFound, mark_temporary
-from auth.workspaces import claimed_groups
 from graphs.core.errors import is_database_outage
 from graphs.core.fence import WriteRefused, adopt
 from graphs.core.models import offline_notice
@@ -26,7 +25,6 @@ from ui.chainlit import welcome
 from ui.chainlit.actions import ActionRejected, AnswerPayload, RetryPayload, parse_payload
 from ui.chainlit.data_layer import store_edit, stored_user_message, unanswered_message
 from ui.chainlit.identity import session_user_id
-from ui.chainlit.oauth import oauth_callback
 from ui.chainlit.patches.sessions import stoppable
 from ui.chainlit.surface import ChatSurface, ask_text, refuse, retry_message
 from ui.input import InputRejected, check_message, compose
@@ -164,26 +162,6 @@ class ChatHandlers:
         """The started worker (raises while it is still starting)."""
         self.agents = tuple(agents)
         self.presentations = presentations
-
-    async def signed_in(
-        self,
-        provider_id: str,
-        token: str,
-        raw_user_data: dict[str, Any],
-        default_user: cl.User,
-        id_token: str | None = None,
-    ) -> cl.User | None:
-        """Chainlit's OAuth hook: the verified login becomes the session user, and its groups
-        claim (CAIRN_OIDC_GROUPS) the team memberships it maps to. When those cannot be brought
-        up to date the sign-in fails: a group the user has left must not keep its access."""
-        user = await oauth_callback(provider_id, token, raw_user_data, default_user, id_token)
-        workspaces = self.runtime().workspaces
-        if user is not None and workspaces is not None and workspaces.group_rules:
-            claim = raw_user_data.get(self.runtime().settings.oidc_groups_claim)
-            await workspaces.sync_groups(
-                user.identifier, claimed_groups(claim), display_name=user.display_name
-            )
-        return user
 
     async def chat_profiles(self, user: cl.User | None = None) -> list[cl.ChatProfile]:
         return welcome.chat_profiles(self.agents)

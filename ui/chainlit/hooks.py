@@ -21,10 +21,11 @@ def register(handlers: ChatHandlers, *, data_layer: Callable[[], BaseDataLayer])
     import chainlit as cl
 
     from ui.chainlit.actions import ANSWER_ACTION, RETRY_ACTION
+    from ui.chainlit.oauth import audited_oauth_callback
     from ui.chainlit.patches.edits import on_message_edit
 
     cl.data_layer(data_layer)
-    cl.oauth_callback(handlers.signed_in)
+    cl.oauth_callback(audited_oauth_callback(handlers.runtime))
     cl.set_chat_profiles(handlers.chat_profiles)
     cl.set_starters(handlers.starters)
     cl.on_chat_start(handlers.start_chat)

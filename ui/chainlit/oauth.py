@@ -3,6 +3,7 @@ OpenID Connect provider (auth/local_oidc.py) is offered when no real provider is
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from chainlit import oauth_providers
@@ -13,12 +14,21 @@ from auth.oauth import (
     LOCAL_CLIENT_ID,
     LOCAL_IN_PRODUCTION,
     LOCAL_PROVIDER_ID,
+    audit_sign_in,
     local_client_secret,
     verified_user,
 )
+from auth.workspaces import claimed_groups
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from graphs.core.settings import Settings
+    from ui.runtime import AppRuntime
+
+    OAuthHook = Callable[[str, str, dict[str, Any], User, str | None], Awaitable[User | None]]
+
+log = logging.getLogger("cairn.security")
 
 
 async def oauth_callback(
@@ -33,6 +43,41 @@ async def oauth_callback(
     if user is None:
         return None
     return User(identifier=user.identifier, display_name=user.display_name, metadata=user.metadata)
+
+
+def audited_oauth_callback(runtime: Callable[[], AppRuntime]) -> OAuthHook:
+    """oauth_callback, then the team memberships the login's groups claim maps to
+    (CAIRN_OIDC_GROUPS), then the sign-in written to the audit log of the user's active
+    workspace (auth.oauth.audit_sign_in: a failure there never blocks the sign-in). When the
+    memberships cannot be brought up to date the sign-in fails: a group the user has left must
+    not keep its access."""
+
+    async def signed_in(
+        provider_id: str,
+        token: str,
+        raw_user_data: dict[str, Any],
+        default_user: User,
+        id_token: str | None = None,
+    ) -> User | None:
+        user = await oauth_callback(provider_id, token, raw_user_data, default_user, id_token)
+        if user is None:
+            return None
+        try:
+            started = runtime()
+        except Exception:  # still starting: the sign-in goes ahead unaudited
+            log.warning("sign-in of %s before the worker started: groups not read", user.identifier)
+            await audit_sign_in(None, user.identifier, provider_id)
+            return user
+        workspaces = started.workspaces
+        if workspaces is not None and workspaces.group_rules:
+            claim = raw_user_data.get(started.settings.oidc_groups_claim)
+            await workspaces.sync_groups(
+                user.identifier, claimed_groups(claim), display_name=user.display_name
+            )
+        await audit_sign_in(workspaces, user.identifier, provider_id)
+        return user
+
+    return signed_in
 
 
 class LocalOIDCProvider(GenericOAuthProvider):
