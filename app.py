@@ -29,6 +29,7 @@ from ui.memory_page import build_router as build_memory_router
 from ui.metrics import build_router as build_metrics_router
 from ui.origin_guard import OriginGuard
 from ui.proxies import trust_proxies
+from ui.review_page import build_router as build_review_router
 from ui.security_headers import SecurityHeaders
 from ui.share_page import build_router as build_share_router
 from ui.support_page import build_router as build_support_router
@@ -150,6 +151,7 @@ def _include_routers(app: FastAPI, state: AppRuntime, mcp: McpEndpoint) -> None:
     )
     app.include_router(build_tokens_router(AGENTS))
     app.include_router(build_workspace_router())
+    app.include_router(build_review_router())
     # In front of Chainlit's own /mcp routes (its MCP client feature, switched off here).
     app.include_router(mcp.router())
 

@@ -68,6 +68,8 @@ class Review:
     decided_by: str | None
     decided_at: datetime | None
     created_at: datetime
+    edit_text: str | None = None
+    """A reviewer's Edit: the new steps or feedback, as the run's edit takes them."""
 
     def public(self) -> dict[str, Any]:
         """What the queue shows: the plan and who asked (never the conversation's id)."""
@@ -104,6 +106,7 @@ def _review(row: dict[str, Any]) -> Review:
         decided_by=row["decided_by"],
         decided_at=row["decided_at"],
         created_at=row["created_at"],
+        edit_text=row.get("edit_text"),
     )
 
 
@@ -210,21 +213,37 @@ class Reviews:
             )
             return [_review(row) for row in await cur.fetchall()]
 
-    async def decide(self, reviewer: Membership, review_id: str, decision: str) -> Review:
+    async def decide(
+        self,
+        reviewer: Membership,
+        review_id: str,
+        decision: str,
+        edit_text: str | None = None,
+    ) -> Review:
         """Take the review out of 'pending' with the decision: once, by a reviewer of its
-        workspace who did not ask for it. AlreadyDecided when someone got there first."""
+        workspace who did not ask for it. AlreadyDecided when someone got there first.
+        The run is then resumed by the caller (ui/recovery.carry_out); until that is done
+        (`applied`), any worker's sweep takes it up again (take_unapplied)."""
         _reviewing(reviewer)
         if decision not in DECISIONS:
             raise ReviewNotFound
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "UPDATE cairn_reviews r SET status = %s, decided_by = %s, decided_at = now() "
+                "UPDATE cairn_reviews r SET status = %s, decided_by = %s, decided_at = now(), "
+                "tried_at = now(), edit_text = %s "
                 "FROM cairn_workspace_members m WHERE r.id = %s AND r.workspace_id = %s "
                 "AND r.requester_id <> %s AND r.status = 'pending' "
                 "AND m.workspace_id = r.workspace_id AND m.user_id = r.requester_id "
                 "AND m.disabled_at IS NULL RETURNING r.*, "
                 "coalesce(m.display_name, 'A member') AS requester_name",
-                (decision, reviewer.user_id, review_id, reviewer.workspace_id, reviewer.user_id),
+                (
+                    decision,
+                    reviewer.user_id,
+                    edit_text if decision == "edit" else None,
+                    review_id,
+                    reviewer.workspace_id,
+                    reviewer.user_id,
+                ),
             )
             row = await cur.fetchone()
             if row is None:
@@ -248,15 +267,28 @@ class Reviews:
             )
         return _review(row)
 
-    async def undo(self, review: Review) -> None:
-        """Back to 'pending' when the decided run could not be resumed (the thread was busy):
-        another reviewer, or the same one, may decide again."""
+    async def applied(self, review: Review) -> None:
+        """The decided run was resumed (or its question was no longer waiting): done."""
         async with self.pool.connection() as conn:
             await conn.execute(
-                "UPDATE cairn_reviews SET status = 'pending', decided_by = NULL, "
-                "decided_at = NULL WHERE id = %s AND status = %s",
-                (review.id, review.status),
+                "UPDATE cairn_reviews SET applied_at = now() WHERE id = %s", (review.id,)
             )
+
+    async def take_unapplied(self, *, stale_s: float, limit: int = 20) -> list[Review]:
+        """Decisions whose run was not resumed within stale_s (the worker that took them
+        stopped): this worker's to carry out now. Taken with SKIP LOCKED and the attempt time
+        moved on, so two workers' sweeps never take the same one at once."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "WITH due AS (SELECT id FROM cairn_reviews WHERE applied_at IS NULL "
+                "AND status IN ('approve', 'edit', 'reject') "
+                "AND tried_at < now() - make_interval(secs => %s) "
+                "ORDER BY tried_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+                "UPDATE cairn_reviews r SET tried_at = now() FROM due WHERE r.id = due.id "
+                "RETURNING r.*, 'A member' AS requester_name",
+                (stale_s, limit),
+            )
+            return [_review(row) for row in await cur.fetchall()]
 
     async def for_thread(self, thread_id: str, interrupt_ids: Collection[str]) -> list[Review]:
         """The reviews of those questions of a thread (its owner's view: who decided, when)."""

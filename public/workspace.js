@@ -141,9 +141,22 @@ async function load() {
   const details = await api("GET", path(current.id));
   const manages = !$("manage").hidden;
   $("team-name-shown").textContent = current.name;
+  $("reviewer-link").hidden = current.role !== "reviewer";
   const view = { manages, roles: data.roles, me: details.me };
   $("members").replaceChildren(...details.members.map((m) => memberRow(m, view)));
   if (!manages) return;
+  const agents = $("review-agents");
+  agents.querySelectorAll("label").forEach((label) => label.remove());
+  for (const agent of details.review.agents) {
+    const label = el("label", undefined, "check");
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.name = "review";
+    box.value = agent.key;
+    box.checked = Boolean(details.review.required[agent.key]);
+    label.append(box, ` ${agent.profile}`);
+    agents.append(label);
+  }
   const invites = details.invites || [];
   $("invites").replaceChildren(...invites.map(inviteRow));
   if (!invites.length) $("invites").append(el("li", "No invitations waiting.", "meta"));
@@ -201,6 +214,19 @@ $("invite-form").addEventListener("submit", async (event) => {
     $("new-invite-link").textContent = made.link;
     $("new-invite").hidden = false;
     say(`Invitation for a ${made.role} made.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("review-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const review = {};
+  for (const box of document.querySelectorAll("input[name=review]")) review[box.value] = box.checked;
+  try {
+    await api("POST", path(current.id, "settings"), { review });
+    say("Approval settings saved.");
     await load();
   } catch (error) {
     say(error.message, true);

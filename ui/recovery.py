@@ -13,6 +13,7 @@ from ui.surface import HeadlessSurface
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from auth.reviews import Review, Reviews
     from graphs.core.runs import StrandedRun
     from ui.port import ChatPort
     from ui.runner import Runner, RunOutcome
@@ -76,10 +77,56 @@ async def recover_once(runner: Runner, chat: ChatPort) -> list[RunOutcome]:
     return list(await asyncio.gather(*(asyncio.create_task(resume(runner, chat, r)) for r in runs)))
 
 
-async def recover_forever(runner: Runner, chat: ChatPort, *, every_s: float = SWEEP_S) -> None:
+REVIEW_STALE_S = 30.0
+"""A reviewer's decision not carried out for this long (its worker stopped) is taken up by
+another worker's sweep."""
+DECIDED = {"approve": "Approved", "edit": "Edited", "reject": "Rejected"}
+
+
+async def carry_out(
+    runner: Runner, chat: ChatPort, reviews: Reviews, review: Review, note: str | None = None
+) -> RunOutcome:
+    """A reviewer's decision on a team plan (auth/reviews.py), answered as the run's own
+    question through the runner: live in the requester's chat when they are connected here,
+    otherwise written into the conversation for when they open it. `note` (who decided, when)
+    goes into the conversation first. Idempotent: a question no longer waiting is left alone,
+    so a sweep may carry out the same decision again after a worker stopped."""
+    fence.adopt(fence.Fence.now(review.requester_id))
+    live = chat.live_surface(thread_id=review.thread_id, user_id=review.requester_id)
+    surface = live if live is not None else StoredSurface(chat, review.thread_id)
+    if note:
+        await surface.notice(note)
+
+    async def edited(_question: str, _seconds: int) -> str | None:
+        return review.edit_text
+
+    outcome = await runner.answer(
+        surface,
+        user_id=review.requester_id,
+        thread_id=review.thread_id,
+        interrupt_id=review.interrupt_id,
+        decision=review.status,
+        ask=edited,
+        reviewed_by=review.decided_by or "reviewer",
+    )
+    if live is None and outcome.reply:
+        await chat.append_reply(review.thread_id, outcome.reply, once=True)
+    if outcome.status != "busy":  # busy: the first attempt still runs; the sweep looks again
+        await reviews.applied(review)
+    return outcome
+
+
+async def recover_forever(
+    runner: Runner,
+    chat: ChatPort,
+    reviews: Reviews | None = None,
+    *,
+    every_s: float = SWEEP_S,
+) -> None:
     """A sweep every `every_s`; each run taken goes on in its own task, so a long one (a
     Research run takes minutes) does not hold up the next sweep, and a run stranded meanwhile
-    is resumed at once."""
+    is resumed at once. Reviewers' decisions whose worker stopped before carrying them out
+    are carried out the same way."""
     resuming: set[asyncio.Task[RunOutcome]] = set()
 
     def ended(task: asyncio.Task[RunOutcome]) -> None:
@@ -89,8 +136,12 @@ async def recover_forever(runner: Runner, chat: ChatPort, *, every_s: float = SW
 
     while True:
         try:
-            for run in await runner.stranded():
-                task = asyncio.create_task(resume(runner, chat, run))
+            work = [resume(runner, chat, run) for run in await runner.stranded()]
+            if reviews is not None:
+                taken = await reviews.take_unapplied(stale_s=REVIEW_STALE_S)
+                work += [carry_out(runner, chat, reviews, review) for review in taken]
+            for job in work:
+                task = asyncio.create_task(job)
                 resuming.add(task)
                 task.add_done_callback(ended)
         except Exception as exc:

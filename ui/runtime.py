@@ -198,7 +198,8 @@ async def start(runtime: AppRuntime) -> None:
     runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
         asyncio.create_task(
-            recover_forever(runtime.runner, runtime.port), name="cairn-run-recovery"
+            recover_forever(runtime.runner, runtime.port, runtime.reviews),
+            name="cairn-run-recovery",
         ),
         # A wipe on any worker ends this worker's live chat connections of the user at once
         # (its writes are refused in Postgres either way: graphs.core.fence).

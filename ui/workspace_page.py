@@ -22,6 +22,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId, flag_client_identity
+from auth.reviews import SETTING as REVIEW_SETTING
 from auth.workspaces import (
     INVITABLE,
     MAX_NAME_CHARS,
@@ -65,6 +66,22 @@ class InviteBody(BaseModel):
 class RoleBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Annotated[str, Field(max_length=20)]
+
+
+class SettingsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    review: dict[Annotated[str, Field(max_length=40)], bool] = Field(max_length=20)
+    """Per agent key: whether its plans wait for a reviewer (auth/reviews.py)."""
+
+
+def reviewable_agents(runtime: AppRuntime) -> list[dict[str, str]]:
+    """The agents whose plans a team may send to a reviewer (an approval question marked
+    reviewable in their spec)."""
+    return [
+        {"key": spec.key, "profile": spec.profile}
+        for spec in runtime.agents
+        if any(kind.reviewable for kind in spec.interrupts)
+    ]
 
 
 class DisableBody(BaseModel):
@@ -189,6 +206,11 @@ def build_router() -> APIRouter:
             ],
         }
         if manages:
+            settings = await workspaces.settings(workspace_id)
+            shown["review"] = {
+                "agents": reviewable_agents(runtime),
+                "required": dict(settings.get(REVIEW_SETTING) or {}),
+            }
             shown["invites"] = [
                 {
                     "id": row["id"],
@@ -304,6 +326,20 @@ def build_router() -> APIRouter:
             # the sessions and live connections they hold right now, on every worker.
             await runtime.revocations.revoke(member_id)
         return {"user_id": member_id, "disabled": body.disabled, "changed": changed}
+
+    @router.post("/api/workspaces/{workspace_id}/settings", dependencies=[Checked])
+    async def update_settings(
+        workspace_id: str, body: SettingsBody, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        known = {agent["key"] for agent in reviewable_agents(runtime)}
+        if unknown := sorted(set(body.review) - known):
+            detail = f"Only these agents' plans can wait for a reviewer: {', '.join(sorted(known))}"
+            log.warning("refused: review setting for %s", unknown[:3])
+            raise HTTPException(status_code=422, detail=detail)
+        review = {key: body.review.get(key, False) for key in sorted(known)}
+        saved = await _workspaces(runtime).update_settings(mine, {REVIEW_SETTING: review})
+        return {"review": saved.get(REVIEW_SETTING, {})}
 
     @router.post("/api/workspaces/{workspace_id}/leave", dependencies=[Checked])
     async def leave(workspace_id: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:

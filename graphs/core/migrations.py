@@ -729,9 +729,14 @@ CREATE TABLE IF NOT EXISTS cairn_reviews (
         CHECK (status IN ('pending', 'approve', 'edit', 'reject', 'withdrawn')),
     decided_by text,
     decided_at timestamptz,
+    edit_text text CHECK (length(edit_text) <= 4000),
+    applied_at timestamptz,
+    tried_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     UNIQUE (thread_id, interrupt_id)
 );
+CREATE INDEX IF NOT EXISTS cairn_reviews_unapplied ON cairn_reviews (tried_at)
+    WHERE applied_at IS NULL AND status IN ('approve', 'edit', 'reject');
 CREATE INDEX IF NOT EXISTS cairn_reviews_pending ON cairn_reviews (workspace_id, created_at)
     WHERE status = 'pending';
 """

@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-USERS = {"alice": "alice-password-1", "bob": "bob-password-22"}
+USERS = {"alice": "alice-password-1", "bob": "bob-password-22", "carol": "carol-password-333"}
 
 
 def _free_port() -> int:
