@@ -90,9 +90,15 @@ async def carry_out(
     question through the runner: live in the requester's chat when they are connected here,
     otherwise written into the conversation for when they open it. `note` (who decided, when)
     goes into the conversation first. Idempotent: a question no longer waiting is left alone,
-    so a sweep may carry out the same decision again after a worker stopped."""
+    so a sweep (no note) may carry out the same decision again after a worker stopped; it
+    writes only into the stored conversation, so a live chat never sees its "already
+    answered" or "busy" while the first attempt's run is still going."""
     fence.adopt(fence.Fence.now(review.requester_id))
-    live = chat.live_surface(thread_id=review.thread_id, user_id=review.requester_id)
+    live = (
+        chat.live_surface(thread_id=review.thread_id, user_id=review.requester_id)
+        if note is not None
+        else None
+    )
     surface = live if live is not None else StoredSurface(chat, review.thread_id)
     if note:
         await surface.notice(note)
