@@ -115,6 +115,38 @@ function inviteRow(invite) {
   return item;
 }
 
+function galleryRow(entry, canDelete) {
+  const item = el("li");
+  item.append(el("div", entry.goal, "text"));
+  const steps = el("ol");
+  for (const step of entry.steps) steps.append(el("li", step));
+  item.append(steps);
+  item.append(el("div", `${entry.outcome} · by a member · ${when(entry.at)}`, "meta"));
+  if (canDelete) {
+    const actions = el("div", undefined, "actions");
+    actions.append(
+      button(
+        "Delete",
+        async () => {
+          if (!window.confirm("Delete this plan from the team's gallery? It is not shown again.")) return;
+          await api("DELETE", path(current.id, "gallery", entry.key));
+          say("Plan deleted from the gallery.");
+          await load();
+        },
+        "destructive",
+      ),
+    );
+    item.append(actions);
+  }
+  return item;
+}
+
+async function loadGallery() {
+  const gallery = await api("GET", path(current.id, "gallery"));
+  $("gallery").replaceChildren(...gallery.entries.map((e) => galleryRow(e, gallery.can_delete)));
+  if (!gallery.entries.length) $("gallery").append(el("li", "No approved plans yet.", "meta"));
+}
+
 function auditRow(entry) {
   const item = el("li");
   const who = entry.actor || "Cairn";
@@ -136,6 +168,7 @@ async function load() {
   );
   $("invite-role").replaceChildren(...data.invitable.map((r) => new Option(r, r, false, r === "member")));
   $("team").hidden = current.personal;
+  $("gallery-section").hidden = current.personal;
   $("manage").hidden = current.personal || !["owner", "admin"].includes(current.role);
   if (current.personal) return;
   const details = await api("GET", path(current.id));
@@ -144,6 +177,7 @@ async function load() {
   $("reviewer-link").hidden = current.role !== "reviewer";
   const view = { manages, roles: data.roles, me: details.me };
   $("members").replaceChildren(...details.members.map((m) => memberRow(m, view)));
+  await loadGallery();
   if (!manages) return;
   const agents = $("review-agents");
   agents.querySelectorAll("label").forEach((label) => label.remove());

@@ -1306,7 +1306,11 @@ def _config(thread_id: str, spec: AgentSpec) -> RunnableConfig:
 
 def _context(owned: OwnedThread, user_id: str, thread_id: str) -> Context:
     return Context(
-        user_id=user_id, thread_id=thread_id, agent=owned.agent, memory=not owned.temporary
+        user_id=user_id,
+        thread_id=thread_id,
+        agent=owned.agent,
+        memory=not owned.temporary,
+        workspace_id=owned.workspace_id,
     )
 
 

@@ -7,7 +7,9 @@ memory page's request header from an allowed origin (`Checked`). Disabling a mem
 session of theirs on every worker at once (SessionRevocations.revoke: the cut-off is in
 Postgres and every worker hears it and closes their live connections); their team tokens stop
 working because token lookups check the membership. An admin sees members, invitations, usage
-and the audit log here, never anyone's conversations or memories.
+and the audit log here, never anyone's conversations or memories; the team plan gallery's
+routes (ui/gallery_page.py) are part of this page. A member who leaves takes their goals out of
+the gallery: their entries stay only as anonymised steps.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from auth.workspaces import (
     Workspaces,
     http_refusal,
 )
+from graphs.memory.gallery import anonymise_author
+from ui.gallery_page import build_router as build_gallery_router
 from ui.memory_page import Checked, DisplayName
 from ui.runtime import AppRuntime, Runtime
 
@@ -349,6 +353,10 @@ def build_router() -> APIRouter:
             await workspaces.leave(mine)
         except WorkspaceRefused as exc:
             raise _refused(exc) from None
+        if runtime.persistence is not None:  # what they leave behind in its gallery: steps only
+            await anonymise_author(runtime.persistence.store, user_id, workspace_id=workspace_id)
         return {"active": (await workspaces.active(user_id)).public()}
+
+    router.include_router(build_gallery_router())
 
     return router

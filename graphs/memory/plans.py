@@ -90,15 +90,11 @@ class PlanMemory:
         """A few past plans closest to the goal, good outcomes first."""
         items = await self._store.asearch(self._namespace, query=goal, limit=limit * 3)
         plans = [
-            _past_plan(item.value, getattr(item, "score", None))
+            past_plan(item.value, getattr(item, "score", None))
             for item in items
             if tuple(item.namespace) == self._namespace
         ]
-        # Checked again on the way out: a row written before these checks (or by anything
-        # else) never reaches the planner's prompt unless it would pass them today.
-        plans = [p for p in plans if summary_problem(p.goal, p.steps) is None]
-        plans.sort(key=lambda p: (p.quality == "good", p.score or 0.0), reverse=True)
-        return plans[:limit]
+        return best_examples(plans, limit=limit)
 
     async def record(
         self, *, key: str, thread_id: str, goal: str, steps: list[str], outcome: str
@@ -111,17 +107,7 @@ class PlanMemory:
             # planner prompts, so nothing instruction-shaped or personal may enter it.
             log.info("plan summary not kept: %s", problem)
             return
-        steps = [s.strip()[:MAX_STEP_CHARS] for s in steps]
-        quality = "good" if outcome in GOOD_OUTCOMES else "poor"
-        value = {
-            "content": f"Goal: {goal[:MAX_GOAL_CHARS]}\nSteps: " + " | ".join(steps),
-            "goal": goal[:MAX_GOAL_CHARS],
-            "steps": steps,
-            "outcome": outcome,
-            "quality": quality,
-            "thread_id": thread_id,
-            "at": now_iso(),
-        }
+        value = summary_value(goal=goal, steps=steps, outcome=outcome, thread_id=thread_id)
         async with self._locks.hold(self.user_id):
             if await self._store.aget(self._forgotten_ns, key) is not None:
                 log.info("plan summary not kept: its user deleted it")
@@ -175,6 +161,29 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _NUMBER_RUN = re.compile(r"\+?[0-9][0-9 ().-]*[0-9]")
 
 
+def best_examples(plans: list[PastPlan], *, limit: int = MAX_EXAMPLES) -> list[PastPlan]:
+    """The plans that pass today's checks, good outcomes and closer matches first."""
+    # Checked again on the way out: a row written before these checks (or by anything
+    # else) never reaches the planner's prompt unless it would pass them today.
+    plans = [p for p in plans if summary_problem(p.goal, p.steps) is None]
+    plans.sort(key=lambda p: (p.quality == "good", p.score or 0.0), reverse=True)
+    return plans[:limit]
+
+
+def summary_value(*, goal: str, steps: list[str], outcome: str, thread_id: str) -> dict[str, Any]:
+    """The stored row of a summary that passed summary_problem: shape and outcome label only."""
+    steps = [s.strip()[:MAX_STEP_CHARS] for s in steps]
+    return {
+        "content": f"Goal: {goal[:MAX_GOAL_CHARS]}\nSteps: " + " | ".join(steps),
+        "goal": goal[:MAX_GOAL_CHARS],
+        "steps": steps,
+        "outcome": outcome,
+        "quality": "good" if outcome in GOOD_OUTCOMES else "poor",
+        "thread_id": thread_id,
+        "at": now_iso(),
+    }
+
+
 def summary_problem(goal: str, steps: list[str]) -> str | None:
     """Why a plan summary may not be stored or shown as an example, or None if it may."""
     if not steps or len(steps) > MAX_STORED_STEPS:
@@ -218,7 +227,7 @@ def _example(key: str, value: dict[str, Any]) -> PlanExample:
     )
 
 
-def _past_plan(value: dict[str, Any], score: float | None) -> PastPlan:
+def past_plan(value: dict[str, Any], score: float | None) -> PastPlan:
     """A stored row as an example; labels outside the known ones read as "unknown"/"poor"."""
     steps = value.get("steps")
     outcome = str(value.get("outcome", ""))

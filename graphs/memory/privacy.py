@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 from graphs.core.errors import ThreadNotFound
 from graphs.core.fence import fenced
 from graphs.core.runlock import ThreadBusy
+from graphs.memory.gallery import TEAM_ROOT, anonymise_author, forget_thread_entries
 from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
 from graphs.memory.research import ResearchMemory
@@ -85,10 +86,13 @@ SELECT
   (SELECT count(*) FROM store s, unnest(%(roots)s::text[]) r
     WHERE s.prefix = r OR left(s.prefix, length(r) + 1) = r || '.') AS store_items,
   (SELECT count(*) FROM store_vectors v, unnest(%(roots)s::text[]) r
-    WHERE v.prefix = r OR left(v.prefix, length(r) + 1) = r || '.') AS store_vectors
+    WHERE v.prefix = r OR left(v.prefix, length(r) + 1) = r || '.') AS store_vectors,
+  (SELECT count(*) FROM store WHERE left(prefix, length(%(team)s) + 1) = %(team)s || '.'
+    AND value->>'author' = %(u)s) AS team_gallery_authored
 """
 """Every table that holds a user's data. `roots`: the user's namespace roots in the store
-(`memories.<user>` for the assistant, `<user>` for research and planner memories)."""
+(`memories.<user>` for the assistant, `<user>` for research and planner memories); `team`:
+the root of every workspace's plan gallery, where no entry may still name the user."""
 
 
 class SessionRevoker(Protocol):
@@ -215,6 +219,7 @@ class Privacy:
                 )
         await memory.drop_marker(thread_id)
         await PlanMemory(self.store, owner_id).forget_thread(thread_id)
+        await forget_thread_entries(self.store, thread_id)  # and from a team's plan gallery
         # Its source ratings: gone with what it taught, else kept without naming it.
         await ResearchMemory(self.store, owner_id).forget_thread(thread_id, forget=forget)
         return forgotten
@@ -388,6 +393,10 @@ class Privacy:
             counts["memories"] = counts.get("memories", 0) + await memory.erase_locked(
                 include_tombstones=False
             )
+        # Their approved plans stay in team galleries only as steps (graphs.memory.gallery).
+        counts["gallery_anonymised"] = counts.get("gallery_anonymised", 0) + (
+            await anonymise_author(self.store, user_id)
+        )
         await self._step(report, "memories_deleted")
         async with self.pool.connection() as conn:
             # ON DELETE CASCADE takes the user's threads, steps, elements (and their bytes) and
@@ -455,7 +464,9 @@ class Privacy:
         label = user_label(user_id)
         roots = [f"{ROOT}.{label}", label]
         async with self.pool.connection() as conn:
-            cur = await conn.execute(LEFTOVERS_SQL, {"u": user_id, "t": threads, "roots": roots})
+            cur = await conn.execute(
+                LEFTOVERS_SQL, {"u": user_id, "t": threads, "roots": roots, "team": TEAM_ROOT}
+            )
             row = await cur.fetchone()
         assert row is not None
         return {key: int(value) for key, value in row.items()}

@@ -21,6 +21,7 @@ from graphs.core.context import Context
 from graphs.core.models import chat_model
 from graphs.core.nodes import bind, declare_subgraph, on_loop
 from graphs.core.toolcalls import limit_tool_calls
+from graphs.memory.gallery import plan_examples, remember_team_plan
 from graphs.memory.plans import PlanMemory, summary_key
 from graphs.planner import prompts
 from graphs.planner.sql import markdown_tables
@@ -140,8 +141,7 @@ async def plan(state: State, runtime: Runtime[Context], *, deps: PlannerDeps) ->
     if not goal:
         return {"response": "Tell me what you would like analysed.", "outcome": "failed"}
     feedback = state.get("plan_feedback", "")
-    memory = PlanMemory.from_runtime(runtime)
-    examples = await memory.similar(goal) if memory is not None else []
+    examples = await plan_examples(runtime, goal)
     past = [step_parts(r) for r in state.get("past_steps", [])]
     system = prompts.PLANNER_PROMPT.format(
         max_steps=MAX_PLAN_STEPS,
@@ -521,7 +521,8 @@ TRANSIENT_RETRY = RetryPolicy(
 
 
 async def _remember(runtime: Runtime[Context], state: State, outcome: Outcome) -> None:
-    """Plan structure and outcome label for the user's future plans (never results)."""
+    """Plan structure and outcome label for the user's future plans, and in a team
+    conversation for the team's gallery (never results)."""
     memory = PlanMemory.from_runtime(runtime)
     if memory is None:
         return
@@ -537,6 +538,7 @@ async def _remember(runtime: Runtime[Context], state: State, outcome: Outcome) -
     thread_id = runtime.context.thread_id
     key = summary_key(thread_id, goal)
     await memory.record(key=key, thread_id=thread_id, goal=goal, steps=steps, outcome=outcome)
+    await remember_team_plan(runtime, key=key, goal=goal, steps=steps, outcome=outcome)
 
 
 def planner_model(role: Literal["planner", "executor"]) -> BaseChatModel:
