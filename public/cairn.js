@@ -111,5 +111,52 @@
   }
   window.addEventListener("popstate", leaveChainlitLogin);
 
+  // The upload box refuses a file type with the browser library's own words ("File type must be
+  // one of text/plain, text/markdown, text/csv"): say it as people name their files instead.
+  const KINDS = {
+    "text/plain": "text (.txt)",
+    "text/markdown": "Markdown (.md)",
+    "text/csv": "CSV (.csv)",
+    "application/pdf": "PDF (.pdf)",
+    "application/json": "JSON (.json)",
+  };
+  const REFUSED = /^File type must be (?:one of )?(.+)$/;
+  function friendlier(node) {
+    const match = REFUSED.exec((node.nodeValue || "").trim());
+    if (!match) return;
+    const kinds = match[1].split(", ").map((type) => KINDS[type] || type);
+    node.nodeValue =
+      "Cairn cannot read that kind of file (images are not supported yet). You can attach " +
+      kinds.join(", ") + ".";
+  }
+  function rewrite(root) {
+    if (root.nodeType === Node.TEXT_NODE) return friendlier(root);
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) friendlier(walker.currentNode);
+  }
+  new MutationObserver((changes) => {
+    for (const change of changes) {
+      if (change.type === "characterData") friendlier(change.target);
+      for (const node of change.addedNodes) rewrite(node);
+    }
+  }).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
+
+  // Enter in the sidebar's rename dialog confirms it, as in any one-field form (Chainlit's
+  // dialog only has buttons). The confirm button is the last of the footer's buttons.
+  document.addEventListener("keydown", (event) => {
+    const input = event.target;
+    if (event.key !== "Enter" || event.isComposing || event.shiftKey) return;
+    if (!(input instanceof HTMLInputElement) || input.id !== "name") return;
+    const dialog = input.closest('[role="dialog"]');
+    if (!dialog || !input.value.trim()) return;
+    const footer = [...dialog.querySelectorAll("div")].find(
+      (div) => div.querySelectorAll(":scope > button").length >= 2
+    );
+    const buttons = footer ? footer.querySelectorAll(":scope > button") : [];
+    if (!buttons.length) return;
+    event.preventDefault();
+    buttons[buttons.length - 1].click();
+  });
+
   window.setInterval(ensureButton, 500);
 })();

@@ -48,6 +48,10 @@ function plan(details) {
   box.append(steps);
   const figures = [];
   if (details.estimated_model_calls) figures.push(`about ${details.estimated_model_calls} model calls`);
+  if (details.estimated_tokens) {
+    const cost = details.estimated_cost ? `, est. $${Number(details.estimated_cost).toFixed(4)}` : "";
+    figures.push(`≈ ${Number(details.estimated_tokens).toLocaleString()} tokens${cost}`);
+  }
   if (details.step_budget) figures.push(`step budget ${details.step_budget}`);
   if ((details.completed || []).length) figures.push(`${details.completed.length} steps already run`);
   if (figures.length) box.append(el("div", figures.join(" · "), "meta"));

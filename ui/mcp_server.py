@@ -35,7 +35,7 @@ from starlette.routing import Route
 from auth.ownership import NOT_FOUND, InWorkspace, ThreadNotFound
 from auth.tokens import INVALID, LimitExceeded, TokenRejected
 from graphs.core.offline import OFFLINE_STRUCTURED
-from ui.runner import UNAVAILABLE
+from ui.runner import NEEDS_REVIEWER, UNAVAILABLE
 from ui.surface import HeadlessSurface, HeadlessView
 
 if TYPE_CHECKING:
@@ -465,7 +465,10 @@ class McpEndpoint:
             interrupt_id=pending.id,
             decision="approve",
         )
-        surface.values["pre_approval"] = "applied"
+        refused = answered.status == "paused" and NEEDS_REVIEWER in surface.errors
+        surface.values["pre_approval"] = (
+            "not applied: this team's plans wait for a reviewer" if refused else "applied"
+        )
         return answered
 
     async def _answer(

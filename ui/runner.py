@@ -1106,8 +1106,12 @@ class Runner:
         if self.usage is None or spec.step_nodes is None:
             return context
         step, inner = spec.step_nodes
-        calls = await self.usage.step_model_calls(spec.key, step=step, inner=inner)
-        return replace(context, step_model_calls=calls)
+        calls, per_call = await asyncio.gather(
+            self.usage.step_model_calls(spec.key, step=step, inner=inner),
+            self.usage.per_model_call(spec.key),
+        )
+        tokens, cost = per_call if per_call is not None else (None, None)
+        return replace(context, step_model_calls=calls, call_tokens=tokens, call_cost=cost)
 
     async def _settle(
         self, admission: Admission | None, meter: UsageMeter | None, status: str, started: float

@@ -20,6 +20,11 @@ class Context:
     step_model_calls: float | None = None
     """Inner model calls per executed step, the median of this agent's recent runs, for the
     estimate shown before a plan is approved; None: not measured yet (the graph's constant)."""
+    call_tokens: float | None = None
+    """Tokens per model call over this agent's recent runs, and their cost at the configured
+    prices (`call_cost`), for the token and money estimate shown before a plan is approved;
+    None: not measured yet (no estimate is shown)."""
+    call_cost: float | None = None
     workspace_id: str | None = None
     """The team workspace the thread belongs to, from its stored record (None: personal). It
     chooses the team plan gallery the run reads and writes."""

@@ -252,6 +252,15 @@ _STEP_CALLS = (
 )
 
 
+_PER_CALL = (
+    "SELECT sum(tokens)::float8 / nullif(sum(calls), 0) AS tokens,"
+    " sum(cost) / nullif(sum(calls), 0) AS cost FROM ("
+    " SELECT input_tokens + output_tokens AS tokens, cost, model_calls AS calls FROM cairn_usage"
+    " WHERE agent = %(agent)s AND status IN ('done', 'paused') AND model_calls > 0"
+    " ORDER BY created_at DESC LIMIT %(window)s) recent"
+)
+
+
 class UsageLedger:
     """The cairn_usage table: a row per run, reserved against the user's monthly budget when
     the run starts and settled with what it used when it ends."""
@@ -310,6 +319,16 @@ class UsageLedger:
                 args | {"tokens": tokens, "cost": cost},
             )
         return Admission(run_id, tokens, cost)
+
+    async def per_model_call(self, agent: str) -> tuple[float, float] | None:
+        """Tokens and cost per model call over the agent's recent runs (None before any run
+        reported tokens): what an estimate in model calls comes to."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_PER_CALL, {"agent": agent, "window": ESTIMATE_WINDOW})
+            row = await cur.fetchone()
+        if row is None or not row["tokens"]:
+            return None
+        return float(row["tokens"]), float(row["cost"] or 0.0)
 
     async def step_model_calls(self, agent: str, *, step: str, inner: str) -> float | None:
         """The median of `inner` node runs (one model call each) per run of `step` over the

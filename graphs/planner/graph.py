@@ -170,6 +170,11 @@ async def review_plan(
         budget=deps.budget,
         max_rounds=deps.max_rounds,
         inner_calls=runtime.context.step_model_calls if runtime.context else None,
+        per_call=(
+            (runtime.context.call_tokens, runtime.context.call_cost or 0.0)
+            if runtime.context and runtime.context.call_tokens
+            else None
+        ),
     )
     decision: ReviewDecision | None = None
     for _ in range(MAX_INVALID_ANSWERS):
@@ -418,14 +423,26 @@ def check_contiguous(past: list[StepRecord]) -> None:
 
 
 def review_request(
-    state: State, *, budget: int, max_rounds: int, inner_calls: float | None = None
+    state: State,
+    *,
+    budget: int,
+    max_rounds: int,
+    inner_calls: float | None = None,
+    per_call: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """What the reviewer sees: the plan, the budget and the expected number of model calls
-    (each step's executor calls as measured, `inner_calls`, else the constant, plus a replan)."""
+    (each step's executor calls as measured, `inner_calls`, else the constant, plus a replan);
+    with `per_call` (tokens and cost per model call, measured), what they come to."""
     plan = list(state.get("plan", []))
     rounds = state.get("review_rounds", 0)
     steps = min(len(plan), budget)
     per_step = INNER_CALLS_ESTIMATE if inner_calls is None else inner_calls
+    calls = 1 + rounds + math.ceil(steps * (per_step + 1))
+    estimate = (
+        {"estimated_tokens": round(calls * per_call[0]), "estimated_cost": calls * per_call[1]}
+        if per_call is not None
+        else {}
+    )
     return {
         "kind": "planner_review",
         "goal": state.get("input", ""),
@@ -433,7 +450,8 @@ def review_request(
         "completed": [step for _, step, _ in map(step_parts, state.get("past_steps", []))],
         "replanned": bool(state.get("needs_review")),
         "step_budget": budget,
-        "estimated_model_calls": 1 + rounds + math.ceil(steps * (per_step + 1)),
+        "estimated_model_calls": calls,
+        **estimate,
         "edits_left": max(0, max_rounds - rounds),
     }
 

@@ -128,3 +128,39 @@ def test_deleting_a_conversation_removes_its_checkpoints_and_owner_record(app_se
     assert owners == 0
     assert writes == 0
     page.context.close()
+
+
+def test_a_refused_file_type_is_explained_in_words_not_mime_types(app_server, browser, tmp_path):
+    page = login(browser, app_server, "alice")
+    picture = tmp_path / "holiday.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+
+    page.locator("input[type=file]").first.set_input_files(str(picture))
+
+    expect(page.get_by_text("Cairn cannot read that kind of file").last).to_be_visible()
+    expect(
+        page.get_by_text("You can attach text (.txt), Markdown (.md), CSV (.csv).")
+    ).to_have_count(1)
+    expect(page.get_by_text("text/plain")).to_have_count(0)
+    page.context.close()
+
+
+def test_enter_confirms_a_rename_in_the_sidebar(app_server, browser):
+    page = login(browser, app_server, "alice")
+    page.locator("#chat-input").fill("a conversation to rename by keyboard")
+    page.keyboard.press("Enter")
+    expect(page.get_by_text("You said: a conversation to rename by keyboard")).to_be_visible()
+    page.wait_for_url(re.compile(r".*/thread/[0-9a-f-]{36}$"))
+    item = page.locator("#thread-history a, #thread-history li", has_text="rename by keyboard")
+    expect(item.first).to_be_visible(timeout=20_000)
+    item.first.hover()
+    item.first.locator("#thread-options").click()
+    page.locator("#rename-thread").click()
+    name = page.locator('[role="dialog"] input#name')
+    name.fill("Renamed with Enter")
+    name.press("Enter")
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page.get_by_text("Renamed with Enter").first).to_be_visible()
+    page.reload()
+    expect(page.get_by_text("Renamed with Enter").first).to_be_visible(timeout=20_000)
+    page.context.close()

@@ -211,6 +211,24 @@ def test_the_review_estimate_uses_measured_calls_per_step():
     assert capped["estimated_model_calls"] == 1 + 2 * 2
 
 
+def test_the_review_estimate_says_what_its_model_calls_come_to_once_measured():
+    from ui.chainlit.agents.planner import review_text
+
+    state = {"input": "goal", "plan": ["a", "b"]}
+    unmeasured = review_request(state, budget=6, max_rounds=3, inner_calls=1.0)
+    assert "estimated_tokens" not in unmeasured
+    assert "tokens" not in review_text(unmeasured)
+    measured = review_request(
+        state, budget=6, max_rounds=3, inner_calls=1.0, per_call=(1200.0, 0.0005)
+    )
+    calls = measured["estimated_model_calls"]
+    assert measured["estimated_tokens"] == calls * 1200
+    assert measured["estimated_cost"] == pytest.approx(calls * 0.0005)
+    assert f"about {calls} model calls (≈ {calls * 1200:,} tokens, est. $0.0025)" in review_text(
+        measured
+    )
+
+
 def test_a_tables_growth_leaves_out_its_first_pages_but_never_its_rows():
     sizes = {"big": (10_000_000, 40_960), "tiny": (40_960, 40_960)}
     assert grown(sizes, "big", 9_000_000) == 10_000_000 - 40_960

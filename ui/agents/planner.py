@@ -82,7 +82,16 @@ def low_risk(value: dict[str, Any], max_model_calls: int) -> str | None:
 
 
 def describe_plan_review(value: dict[str, Any]) -> dict[str, Any]:
-    keys = ("goal", "plan", "completed", "replanned", "step_budget", "estimated_model_calls")
+    keys = (
+        "goal",
+        "plan",
+        "completed",
+        "replanned",
+        "step_budget",
+        "estimated_model_calls",
+        "estimated_tokens",
+        "estimated_cost",
+    )
     shown = {k: value.get(k) for k in (*keys, "edits_left", "error")}
     shown["edit"] = "the new steps, one per line, or one sentence of feedback"
     return shown

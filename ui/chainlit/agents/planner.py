@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessageChunk
 from langchain_core.utils.json import parse_partial_json
 
 from graphs.core.settings import get_settings
+from graphs.core.usage import money
 from graphs.planner.sql import Table, markdown_tables
 from graphs.planner.state import step_failed, step_parts
 from ui.chainlit.agents import Presentation
@@ -57,9 +58,12 @@ def review_text(value: dict[str, Any]) -> str:
         )
     lines.append(f"**Proposed plan** for: {value.get('goal', '')}\n")
     lines += [f"{i}. {step}" for i, step in enumerate(plan, 1)]
+    tokens = value.get("estimated_tokens")
+    cost = f", est. {money(float(value.get('estimated_cost') or 0))}" if tokens else ""
+    spend = f" (≈ {int(tokens):,} tokens{cost})" if isinstance(tokens, int) and tokens > 0 else ""
     lines.append(
         f"\nStep budget: {value.get('step_budget', '?')} steps · about "
-        f"{value.get('estimated_model_calls', '?')} model calls · "
+        f"{value.get('estimated_model_calls', '?')} model calls{spend} · "
         f"{value.get('edits_left', 0)} edits left. Nothing runs until you approve."
     )
     return "\n".join(lines)
