@@ -543,8 +543,9 @@ class Workspaces:
             await audit(conn, workspace_id, actor_id, action, subject_id=subject_id, detail=detail)
 
     async def usage(self, actor: Membership) -> list[dict[str, Any]]:
-        """This month's model use in the workspace's conversations, per member (a manager's
-        view: runs, tokens and cost, never what was asked)."""
+        """This month's (UTC) model use in the workspace's conversations, per member (a
+        manager's view: runs, tokens and cost, never what was asked); conversations deleted
+        since still count, as they do against the team's budget."""
         _managing(actor)
         async with self.pool.connection() as conn:
             cur = await conn.execute(
@@ -552,8 +553,8 @@ class Workspaces:
                 "coalesce(sum(u.input_tokens + u.output_tokens), 0)::bigint AS tokens, "
                 "coalesce(sum(u.cost), 0)::float8 AS cost "
                 "FROM cairn_workspace_members m LEFT JOIN cairn_usage u ON u.user_id = m.user_id "
-                "AND u.created_at >= date_trunc('month', now()) AND u.thread_id IN "
-                "(SELECT thread_id FROM cairn_threads WHERE workspace_id = %(ws)s) "
+                "AND u.workspace_id = %(ws)s AND u.created_at >= "
+                "date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
                 "WHERE m.workspace_id = %(ws)s GROUP BY m.user_id, m.display_name "
                 "ORDER BY tokens DESC, m.user_id",
                 {"ws": actor.workspace_id},

@@ -157,6 +157,23 @@ function auditRow(entry) {
   return item;
 }
 
+function showLimits(limits) {
+  if (!limits) return;
+  const { budget, month } = limits;
+  const of = (used, cap, fmt) => (cap ? `${fmt(used)} of ${fmt(cap)}` : `${fmt(used)} (no budget)`);
+  const tokens = (n) => n.toLocaleString();
+  const cost = (n) => n.toFixed(4);
+  $("team-month").textContent =
+    `Team: ${month.runs} runs · ${of(month.tokens, budget.tokens, tokens)} tokens · ` +
+    `${of(month.cost, budget.cost, cost)} estimated` +
+    (limits.max_runs ? ` · at most ${limits.max_runs} runs at once` : "");
+  $("limit-tokens").value = budget.tokens ?? "";
+  $("limit-cost").value = budget.cost ?? "";
+  $("limit-runs").value = limits.max_runs ?? "";
+}
+
+const numberOrNull = (id) => ($(id).value === "" ? null : Number($(id).value));
+
 async function load() {
   const data = await api("GET", "/api/workspaces");
   current = data.active;
@@ -199,6 +216,7 @@ async function load() {
       el("li", `${u.name}: ${u.runs} runs · ${u.tokens} tokens · ${u.cost.toFixed(4)}`, "meta"),
     ),
   );
+  showLimits(details.limits);
   const log = await api("GET", path(current.id, "audit"));
   $("audit").replaceChildren(...log.entries.map(auditRow));
 }
@@ -261,6 +279,20 @@ $("review-form").addEventListener("submit", async (event) => {
   try {
     await api("POST", path(current.id, "settings"), { review });
     say("Approval settings saved.");
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("limits-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  try {
+    await api("POST", path(current.id, "limits"), {
+      budget: { tokens: numberOrNull("limit-tokens"), cost: numberOrNull("limit-cost") },
+      max_runs: numberOrNull("limit-runs"),
+    });
+    say("Budget and run cap saved.");
     await load();
   } catch (error) {
     say(error.message, true);

@@ -41,6 +41,7 @@ from graphs.core.runs import (
     EditedMessage,
     RunJournal,
     StrandedRun,
+    TeamTooManyRuns,
     TooManyRuns,
 )
 from graphs.core.timetravel import (
@@ -49,7 +50,14 @@ from graphs.core.timetravel import (
     message_fork_point,
     root_checkpoint_id,
 )
-from graphs.core.usage import Admission, OverBudget, RunUsage, UsageMeter, metered
+from graphs.core.usage import (
+    Admission,
+    OverBudget,
+    RunUsage,
+    TeamOverBudget,
+    UsageMeter,
+    metered,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -1035,8 +1043,9 @@ class Runner:
     async def _admit(
         self, spec: AgentSpec, context: Context, *, budgeted: bool
     ) -> Admission | str | None:
-        """The run's usage row, its expected use reserved against the user's monthly budget
-        (None: usage not recorded); the refusal's text when the budget cannot cover it."""
+        """The run's usage row, its expected use reserved against the user's monthly budget and,
+        in a team's conversation, the team's (None: usage not recorded); the refusal's text when
+        either cannot cover it."""
         if self.usage is None:
             return None
         try:
@@ -1045,9 +1054,11 @@ class Runner:
                 thread_id=context.thread_id,
                 agent=spec.key,
                 budgeted=budgeted,
+                workspace_id=context.workspace_id,
             )
         except OverBudget as exc:
-            log.info("%s run refused: user over their monthly budget", spec.key)
+            whose = "its team" if isinstance(exc, TeamOverBudget) else "user"
+            log.info("%s run refused: %s over the monthly budget", spec.key, whose)
             return str(exc)
 
     async def _journal_started(
@@ -1059,7 +1070,8 @@ class Runner:
         edit: EditedMessage | None = None,
     ) -> str | None:
         """The run is recorded as going (for a live worker to resume if this one dies); the
-        refusal's text when its user already has `max_runs_per_user` runs going. A run
+        refusal's text when its user already has `max_runs_per_user` runs going, or its team
+        (a team's conversation) the most its admins allow. A run
         continued after its worker died (not `budgeted`) was admitted already: never refused."""
         if self.journal is None:
             return None
@@ -1071,9 +1083,11 @@ class Runner:
                 agent=spec.key,
                 edit=edit,
                 cap=cap,
+                workspace_id=context.workspace_id if budgeted else None,
             )
         except TooManyRuns as exc:
-            log.info("%s run refused: its user has %s runs going", spec.key, cap)
+            whose = "team" if isinstance(exc, TeamTooManyRuns) else "user"
+            log.info("%s run refused: its %s has the most runs going", spec.key, whose)
             return str(exc)
         return None
 

@@ -35,6 +35,8 @@ from auth.workspaces import (
     Workspaces,
     http_refusal,
 )
+from graphs.core.runs import TEAM_RUNS, team_cap
+from graphs.core.usage import TEAM_BUDGET, team_budget, team_month
 from graphs.memory.gallery import anonymise_author
 from ui.gallery_page import build_router as build_gallery_router
 from ui.memory_page import Checked, DisplayName
@@ -76,6 +78,48 @@ class SettingsBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     review: dict[Annotated[str, Field(max_length=40)], bool] = Field(max_length=20)
     """Per agent key: whether its plans wait for a reviewer (auth/reviews.py)."""
+
+
+MAX_TEAM_TOKENS = 10**12
+"""The largest team budget in tokens a manager may set (a bound, not a guess at real use)."""
+MAX_TEAM_COST = 1_000_000.0
+MAX_TEAM_RUNS = 1000
+
+
+class BudgetBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: Annotated[int, Field(ge=0, le=MAX_TEAM_TOKENS, strict=True)] | None = None
+    """Per calendar month (UTC); null or 0: no token budget."""
+    cost: Annotated[float, Field(ge=0, le=MAX_TEAM_COST, allow_inf_nan=False)] | None = None
+    """The same in money (estimated at the configured prices); null or 0: none."""
+
+
+class LimitsBody(BaseModel):
+    """The team's budget and run cap; a field left out keeps its setting."""
+
+    model_config = ConfigDict(extra="ignore")
+    budget: BudgetBody | None = None
+    max_runs: Annotated[int, Field(ge=0, le=MAX_TEAM_RUNS, strict=True)] | None = None
+    """Runs of the team's conversations going at once on every worker; null or 0: no cap."""
+
+    def changes(self) -> dict[str, Any]:
+        """The settings to merge (a zero is stored as null: no limit)."""
+        found: dict[str, Any] = {}
+        if "budget" in self.model_fields_set:
+            budget = self.budget or BudgetBody()
+            found[TEAM_BUDGET] = {"tokens": budget.tokens or None, "cost": budget.cost or None}
+        if "max_runs" in self.model_fields_set:
+            found[TEAM_RUNS] = self.max_runs or None
+        return found
+
+
+def team_limits(settings: dict[str, Any]) -> dict[str, Any]:
+    """The team's budget and cap as its settings hold them (null: no limit)."""
+    budget = team_budget(settings.get(TEAM_BUDGET))
+    return {
+        "budget": {"tokens": budget.tokens or None, "cost": budget.cost or None},
+        "max_runs": team_cap(settings.get(TEAM_RUNS)) or None,
+    }
 
 
 def reviewable_agents(runtime: AppRuntime) -> list[dict[str, str]]:
@@ -235,6 +279,15 @@ def build_router() -> APIRouter:
                 }
                 for row in await workspaces.usage(mine)
             ]
+            month = await team_month(workspaces.pool, workspace_id)
+            shown["limits"] = team_limits(settings) | {
+                "month": {
+                    "runs": month.runs,
+                    "tokens": month.tokens,
+                    "cost": round(month.cost, 6),
+                    "reserved_tokens": month.reserved_tokens,
+                }
+            }
         return shown
 
     @router.get("/api/workspaces/{workspace_id}/audit")
@@ -344,6 +397,25 @@ def build_router() -> APIRouter:
         review = {key: body.review.get(key, False) for key in sorted(known)}
         saved = await _workspaces(runtime).update_settings(mine, {REVIEW_SETTING: review})
         return {"review": saved.get(REVIEW_SETTING, {})}
+
+    @router.post("/api/workspaces/{workspace_id}/limits", dependencies=[Checked])
+    async def update_limits(
+        workspace_id: str,
+        body: LimitsBody,
+        request: Request,
+        user_id: CurrentUserId,
+        runtime: Runtime,
+    ) -> dict[str, Any]:
+        flag_client_identity(await request.json(), where="workspace limits", user_id=user_id)
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        workspaces = _workspaces(runtime)
+        changes = body.changes()
+        saved = (
+            await workspaces.update_settings(mine, changes)
+            if changes
+            else await workspaces.settings(workspace_id)
+        )
+        return team_limits(saved)
 
     @router.post("/api/workspaces/{workspace_id}/leave", dependencies=[Checked])
     async def leave(workspace_id: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:

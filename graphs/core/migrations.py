@@ -748,6 +748,24 @@ ALTER TABLE cairn_workspace_invites ALTER COLUMN created_by DROP NOT NULL;
 """A wiped account's id leaves the teams it made and the invitations others used
 (graphs/memory/privacy.leave_workspaces): NULL there means "an account since wiped"."""
 
+# Team budgets and caps (graphs/core/usage.py, graphs/core/runs.py). A run of a team's
+# conversation records its workspace on its usage row, so the team's month is one indexed sum
+# and keeps counting what was spent in conversations deleted since (as a user's month does).
+# No foreign key: a usage row is a record, like its user_id. cairn_workspace_usage_months is the
+# team's row per month, locked while a team run is admitted (after the user's row).
+TEAM_LIMITS_SQL = """
+ALTER TABLE cairn_usage ADD COLUMN IF NOT EXISTS workspace_id text;
+UPDATE cairn_usage u SET workspace_id = t.workspace_id FROM cairn_threads t
+    WHERE t.thread_id = u.thread_id AND t.workspace_id IS NOT NULL AND u.workspace_id IS NULL;
+CREATE INDEX IF NOT EXISTS cairn_usage_workspace_created ON cairn_usage (workspace_id, created_at)
+    WHERE workspace_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS cairn_workspace_usage_months (
+    workspace_id text NOT NULL REFERENCES cairn_workspaces(id) ON DELETE CASCADE,
+    month date NOT NULL,
+    PRIMARY KEY (workspace_id, month)
+);
+"""
+
 # Append-only, in id order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_core", CORE_SQL),
@@ -775,6 +793,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0113_reviews", REVIEWS_SQL),
     Migration("0114_workspace_wipe", WORKSPACE_WIPE_SQL),
     Migration("0115_thread_shares", SHARES_SQL),
+    Migration("0116_team_limits", TEAM_LIMITS_SQL),
 )
 
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from graphs.core import fence
 
 if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
     from graphs.core.pool import Pool
 
 log = logging.getLogger("cairn.runs")
@@ -153,8 +155,26 @@ _LIVE_OF_USER = (
 stale (a run resumed from it counts again, beaten by the worker that took it)."""
 
 
+TEAM_RUNS = "max_runs"
+"""The workspace setting (cairn_workspaces.settings) capping the runs of the team's
+conversations going at once, on every worker (null or 0: no cap), set by its managers."""
+_TEAM_CAP = "SELECT settings ->> %(key)s AS cap FROM cairn_workspaces WHERE id = %(ws)s"
+_TEAM_LOCK = "SELECT pg_advisory_xact_lock(hashtext('cairn-runs-of-team:' || %(ws)s))"
+_LIVE_OF_TEAM = (
+    "SELECT count(*) AS n FROM cairn_runs r JOIN cairn_threads t ON t.thread_id = r.thread_id "  # noqa: S608 (constants only)
+    "WHERE t.workspace_id = %(ws)s AND r.status = 'running' AND r.thread_id <> %(thread)s "
+    f"AND r.heartbeat_at >= {_STALE}"
+)
+"""The team's other runs going now, whoever started them (counted like _LIVE_OF_USER)."""
+
+
 class TooManyRuns(Exception):
     """A run refused before it started: its user already has the most runs going at once."""
+
+
+class TeamTooManyRuns(TooManyRuns):
+    """A team conversation's run refused before it started: the team already has the most runs
+    going at once its managers allow (TEAM_RUNS)."""
 
 
 def too_many_runs(cap: int) -> str:
@@ -163,6 +183,23 @@ def too_many_runs(cap: int) -> str:
         f"Not started: you already have {cap} {runs} going at once, the most allowed. "
         "Send this again when one of them has finished."
     )
+
+
+def team_too_many_runs(cap: int) -> str:
+    runs = "run" if cap == 1 else "runs"
+    return (
+        f"Not started: your team already has {cap} {runs} going at once, the most its admins "
+        "allow. Send this again when one of them has finished."
+    )
+
+
+def team_cap(value: Any) -> int:
+    """The TEAM_RUNS setting as a number (missing, null or malformed: 0, no cap)."""
+    try:
+        cap = int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+    return max(cap, 0)
 
 
 class RunJournal:
@@ -185,32 +222,51 @@ class RunJournal:
         agent: str,
         edit: EditedMessage | None = None,
         cap: int | None = None,
+        workspace_id: str | None = None,
     ) -> None:
         """Called under the thread's run lock: this worker now runs the thread (refused once
         the user's data was wiped: graphs.core.fence). Committed when this returns, so an
         edit's fork is on record before anything shows it. With a `cap`, TooManyRuns when the
         user already has that many other runs going, on any worker: the user's runs are counted
-        and this one recorded under a lock on the user, so two workers admit theirs in turn."""
+        and this one recorded under a lock on the user, so two workers admit theirs in turn.
+        With a team's `workspace_id` (a run that may be refused), TeamTooManyRuns when the team
+        already has its TEAM_RUNS going, counted the same way under a lock on the team, taken
+        after the user's (one order: two workers cannot deadlock)."""
         args: dict[str, Any] = {
             "thread": thread_id,
             "user": user_id,
             "agent": agent,
             "worker": self.worker,
             "edit": edit.to_json() if edit is not None else None,
+            "ws": workspace_id,
+            "key": TEAM_RUNS,
         }
         args |= fence.statement_args() | {"stale": STALE_S}
-        if cap is None:
+        if cap is None and workspace_id is None:
             async with fence.statement(self.pool) as conn:
                 await conn.execute(_STARTED, args)
         else:
             async with fence.statement(self.pool) as conn, conn.transaction():
                 # Separate statements: each sees what committed before the lock was taken.
-                await conn.execute(_USER_LOCK, args)
-                cur = await conn.execute(_LIVE_OF_USER, args)
-                if (await cur.fetchone() or {"n": 0})["n"] >= cap:
-                    raise TooManyRuns(too_many_runs(cap))
+                if cap is not None:
+                    await conn.execute(_USER_LOCK, args)
+                    cur = await conn.execute(_LIVE_OF_USER, args)
+                    if (await cur.fetchone() or {"n": 0})["n"] >= cap:
+                        raise TooManyRuns(too_many_runs(cap))
+                if workspace_id is not None:
+                    await self._within_team_cap(conn, args)
                 await conn.execute(_STARTED, args)
         self._running.add(thread_id)
+
+    @staticmethod
+    async def _within_team_cap(conn: AsyncConnection[Any], args: dict[str, Any]) -> None:
+        cur = await conn.execute(_TEAM_CAP, args)
+        team = team_cap((await cur.fetchone() or {}).get("cap"))
+        if team:
+            await conn.execute(_TEAM_LOCK, args)
+            cur = await conn.execute(_LIVE_OF_TEAM, args)
+            if (await cur.fetchone() or {"n": 0})["n"] >= team:
+                raise TeamTooManyRuns(team_too_many_runs(team))
 
     def released(self, thread_id: str) -> None:
         """The run in this process ended, however it ended (always called, even when

@@ -1,4 +1,4 @@
-"""What runs cost: every run's model calls and tokens counted, recorded in Postgres, and each user's monthly budget checked before a run starts."""
+"""What runs cost: every run's model calls and tokens counted, recorded in Postgres, and each user's monthly budget (and in a team's conversations, the team's) checked before a run starts."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from graphs.core.offline import OFFLINE_STRUCTURED, estimated_tokens
 
 if TYPE_CHECKING:
     from langchain_core.outputs import LLMResult
+    from psycopg import AsyncConnection
 
     from graphs.core.pool import Pool
     from graphs.core.settings import Settings
@@ -37,6 +38,9 @@ RESERVATION_TTL_S = 3600
 never settles it, and it must not hold the user's budget forever (runs time out well before)."""
 ESTIMATE_WINDOW = 200
 """Recent finished runs of an agent whose 95th percentile is the next run's reservation."""
+TEAM_BUDGET = "budget"
+"""The workspace setting (cairn_workspaces.settings) holding the team's monthly budget:
+{"tokens": int | null, "cost": float | null}, set by its managers (ui/workspace_page.py)."""
 
 
 @dataclass
@@ -208,8 +212,25 @@ class MonthUsage:
     reserved_cost: float
 
 
+def team_budget(value: Any) -> Budget:
+    """The TEAM_BUDGET setting as a Budget (missing, null or malformed parts: no limit)."""
+    found = value if isinstance(value, dict) else {}
+    tokens, cost = found.get("tokens"), found.get("cost")
+    return Budget(
+        tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0,
+        float(cost)
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and cost > 0
+        else 0.0,
+    )
+
+
 class OverBudget(Exception):
     """A run refused before it started: the user's monthly budget would be exceeded."""
+
+
+class TeamOverBudget(OverBudget):
+    """A team conversation's run refused before it started: its team's monthly budget (its
+    managers' setting) would be exceeded."""
 
 
 @dataclass(frozen=True)
@@ -221,13 +242,16 @@ class Admission:
 
 _MONTH = "date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 _LIVE = f"status = 'running' AND created_at > now() - make_interval(secs => {RESERVATION_TTL_S})"
-_MONTH_USAGE = (
+_MONTH_SUMS = (
     "SELECT coalesce(sum(input_tokens + output_tokens), 0)::bigint AS tokens,"  # noqa: S608
     " coalesce(sum(cost), 0)::float8 AS cost, count(*) AS runs,"
     f" coalesce(sum(reserved_tokens) FILTER (WHERE {_LIVE}), 0)::bigint AS reserved_tokens,"
     f" coalesce(sum(reserved_cost) FILTER (WHERE {_LIVE}), 0)::float8 AS reserved_cost"
-    f" FROM cairn_usage WHERE user_id = %(user)s AND created_at >= {_MONTH}"
+    f" FROM cairn_usage WHERE created_at >= {_MONTH}"
 )
+_MONTH_USAGE = _MONTH_SUMS + " AND user_id = %(user)s"
+_TEAM_MONTH_USAGE = _MONTH_SUMS + " AND workspace_id = %(ws)s"
+"""Every run of the team's conversations this month, whoever ran it (cairn_usage.workspace_id)."""
 _LOCK_MONTH = (
     "INSERT INTO cairn_usage_months (user_id, month) "  # noqa: S608 (constants only)
     f"VALUES (%(user)s, ({_MONTH})::date) "
@@ -235,6 +259,14 @@ _LOCK_MONTH = (
 )
 """Takes the user's row for this month, locked to the end of the transaction: two workers
 admitting runs of one user do it one after the other."""
+_LOCK_TEAM_MONTH = (
+    "INSERT INTO cairn_workspace_usage_months (workspace_id, month) "  # noqa: S608 (constants)
+    f"VALUES (%(ws)s, ({_MONTH})::date) "
+    "ON CONFLICT (workspace_id, month) DO UPDATE SET workspace_id = EXCLUDED.workspace_id"
+)
+"""The same for the team's row, always taken after the user's: two workers admitting runs of
+one team (of one user or several) take the rows in one order and cannot deadlock."""
+_TEAM_BUDGET = "SELECT settings -> %(key)s AS budget FROM cairn_workspaces WHERE id = %(ws)s"
 _ESTIMATE = (
     "SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY tokens) AS tokens,"
     " percentile_cont(0.95) WITHIN GROUP (ORDER BY cost) AS cost FROM ("
@@ -289,33 +321,54 @@ class UsageLedger:
         """What a run of `agent` is expected to use: the 95th percentile of its recent runs,
         or the configured guess before any were measured."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_ESTIMATE, {"agent": agent, "window": ESTIMATE_WINDOW})
-            row = await cur.fetchone()
+            return await self._estimate(conn, agent)
+
+    async def _estimate(self, conn: AsyncConnection[Any], agent: str) -> tuple[int, float]:
+        cur = await conn.execute(_ESTIMATE, {"agent": agent, "window": ESTIMATE_WINDOW})
+        row = await cur.fetchone()
         if row is None or row["tokens"] is None:
             price = max((max(pair) for pair in self.prices.values()), default=0.0)
             return self.default_estimate, self.default_estimate * price / 1000
         return int(row["tokens"]), float(row["cost"])
 
     async def admit(
-        self, *, user_id: str, thread_id: str, agent: str, budgeted: bool = True
+        self,
+        *,
+        user_id: str,
+        thread_id: str,
+        agent: str,
+        budgeted: bool = True,
+        workspace_id: str | None = None,
     ) -> Admission:
-        """Record a run about to start, its expected use reserved against the user's budget;
-        OverBudget when that would exceed it. Atomic across workers: the user's month row is
-        locked while its use is summed and the reservation written. Not `budgeted` (a run
-        continued after its worker died): recorded, never refused."""
-        checked = budgeted and self.budget.limited
-        tokens, cost = await self.estimate(agent) if checked else (0, 0.0)
+        """Record a run about to start, its expected use reserved against the user's budget
+        and, in a team's conversation (`workspace_id`), against the team's (TEAM_BUDGET);
+        OverBudget (TeamOverBudget) when that would exceed either. Atomic across workers: the
+        user's month row, then the team's, is locked while its use is summed and the
+        reservation written. Not `budgeted` (a run continued after its worker died): recorded,
+        never refused."""
         run_id = uuid.uuid4()
         args = {"user": user_id, "thread": thread_id, "agent": agent, "run": run_id}
+        args |= {"ws": workspace_id, "key": TEAM_BUDGET}
         async with self.pool.connection() as conn, conn.transaction():
-            if checked:
+            team = Budget(0, 0.0)
+            if budgeted and workspace_id is not None:
+                cur = await conn.execute(_TEAM_BUDGET, args)
+                team = team_budget((await cur.fetchone() or {}).get("budget"))
+            mine = budgeted and self.budget.limited
+            checked = mine or team.limited
+            tokens, cost = await self._estimate(conn, agent) if checked else (0, 0.0)
+            if mine:
                 await conn.execute(_LOCK_MONTH, args)
                 cur = await conn.execute(_MONTH_USAGE, args)
                 self._check(MonthUsage(**(await cur.fetchone() or {})), tokens, cost)
+            if team.limited:
+                await conn.execute(_LOCK_TEAM_MONTH, args)
+                cur = await conn.execute(_TEAM_MONTH_USAGE, args)
+                _check_team(team, MonthUsage(**(await cur.fetchone() or {})), tokens, cost)
             await conn.execute(
-                "INSERT INTO cairn_usage (run_id, user_id, thread_id, agent, reserved_tokens,"
-                " reserved_cost) VALUES (%(run)s, %(user)s, %(thread)s, %(agent)s, %(tokens)s,"
-                " %(cost)s)",
+                "INSERT INTO cairn_usage (run_id, user_id, thread_id, agent, workspace_id,"
+                " reserved_tokens, reserved_cost) VALUES (%(run)s, %(user)s, %(thread)s,"
+                " %(agent)s, %(ws)s, %(tokens)s, %(cost)s)",
                 args | {"tokens": tokens, "cost": cost},
             )
         return Admission(run_id, tokens, cost)
@@ -383,11 +436,43 @@ class UsageLedger:
             cur = await conn.execute(_MONTH_USAGE, {"user": user_id})
             return MonthUsage(**(await cur.fetchone() or {}))
 
+    async def team_month(self, workspace_id: str) -> MonthUsage:
+        return await team_month(self.pool, workspace_id)
+
+
+async def team_month(pool: Pool, workspace_id: str) -> MonthUsage:
+    """The use of the team's conversations this calendar month (UTC), settled and reserved,
+    whoever ran them: what its TEAM_BUDGET is checked against."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(_TEAM_MONTH_USAGE, {"ws": workspace_id})
+        return MonthUsage(**(await cur.fetchone() or {}))
+
+
+def _check_team(budget: Budget, month: MonthUsage, tokens: int, cost: float) -> None:
+    if budget.tokens and month.tokens + month.reserved_tokens + tokens > budget.tokens:
+        msg = team_over_budget(f"{month.tokens:,} of its {budget.tokens:,} tokens")
+        raise TeamOverBudget(msg)
+    if budget.cost and month.cost + month.reserved_cost + cost > budget.cost:
+        msg = team_over_budget(f"{money(month.cost)} of its {money(budget.cost)}")
+        raise TeamOverBudget(msg)
+
+
+def _renewal() -> datetime:
+    now = datetime.now(UTC)
+    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+
 
 def over_budget(spent: str) -> str:
-    now = datetime.now(UTC)
-    reset = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
     return (
         f"Not started: this request could take you past this month's usage budget (you have "
-        f"used {spent}). The budget renews on {reset:%B %-d} (UTC); the operator can raise it."
+        f"used {spent}). The budget renews on {_renewal():%B %-d} (UTC); the operator can "
+        "raise it."
+    )
+
+
+def team_over_budget(spent: str) -> str:
+    return (
+        "Not started: this request could take this conversation past your team's monthly "
+        f"budget, set by its admins (the team has used {spent}). The budget renews on "
+        f"{_renewal():%B %-d} (UTC); a team admin can raise it."
     )

@@ -91,6 +91,7 @@ async def test_a_database_migrated_in_the_old_order_applies_nothing_again(
         "0113_reviews",
         "0114_workspace_wipe",
         "0115_thread_shares",
+        "0116_team_limits",
     ]
     pool = make_pool(create_database(pg_server_url), max_size=2)
     await pool.open(wait=True)

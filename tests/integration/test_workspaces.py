@@ -256,12 +256,13 @@ async def test_usage_counts_only_the_workspaces_own_conversations(
     await workspaces.switch(bob, personal_id(bob))
     await claim_thread(persistence.pool, thread_id=personal, user_id=bob, agent="assistant")
     async with persistence.pool.connection() as conn:
-        for thread, tokens in ((in_team, 120), (personal, 5000)):
+        # As the ledger records them: with the conversation's workspace (NULL: personal).
+        for thread, ws, tokens in ((in_team, team.workspace_id, 120), (personal, None, 5000)):
             await conn.execute(
-                "INSERT INTO cairn_usage (run_id, user_id, thread_id, agent, status, "
-                "input_tokens, output_tokens, cost) VALUES (%s, %s, %s, 'assistant', 'done', "
-                "%s, 0, 0.5)",
-                (uuid.uuid4(), bob, thread, tokens),
+                "INSERT INTO cairn_usage (run_id, user_id, thread_id, workspace_id, agent, "
+                "status, input_tokens, output_tokens, cost) VALUES (%s, %s, %s, %s, "
+                "'assistant', 'done', %s, 0, 0.5)",
+                (uuid.uuid4(), bob, thread, ws, tokens),
             )
 
     usage = {row["user_id"]: row for row in await workspaces.usage(team)}
