@@ -382,6 +382,22 @@ class RunOutcome:
     """What the run used, when the runner records usage."""
 
 
+@dataclass
+class _Run:
+    """One run as it goes through the runner's stages (ui.runner.Runner._run_fenced)."""
+
+    spec: AgentSpec
+    graph: Any
+    context: Context
+    owned: OwnedThread
+    surface: Surface
+    inputs: dict[str, Any] | Command[Any] | None
+    message_id: str | None
+    admission: Admission | None = None
+    meter: UsageMeter | None = None
+    outcome: RunOutcome | None = None
+
+
 class Runner:
     """Runs every turn of every agent; one per worker process."""
 
@@ -931,74 +947,22 @@ class Runner:
         edit: EditedMessage | None = None,
         on_fork: Callable[[], Awaitable[None]] | None = None,
     ) -> RunOutcome:
+        """The run under the thread's lock, its refusals and outages told to the surface, and
+        what a finished or paused run leaves behind (usage, questions, background jobs)."""
         graph = self.graphs.get(spec.key)
         if graph is None:
             await surface.refuse(UNAVAILABLE)
             return RunOutcome("refused", owned=owned)
-        outcome: RunOutcome | None = None
-        meter: UsageMeter | None = None
+        run = _Run(spec, graph, context, owned, surface, inputs, message_id)
         try:
             async with self.locks.hold(context.thread_id):
-                # Checked again under the lock: two presses of one button, on two workers.
-                if (
-                    answering is not None
-                    and await self._pending(spec, context.thread_id, answering) is None
-                ):
-                    await surface.refuse(ANSWERED)
-                    return RunOutcome("refused", owned=owned)
-                admission = await self._admit(spec, context, budgeted=budgeted)
-                if isinstance(admission, str):  # over budget: the question stays pending
-                    metrics.observe_refusal(spec.key, "budget")
-                    await surface.refuse(admission)
-                    return RunOutcome("refused", owned=owned)
-                refusal = await self._journal_started(spec, context, budgeted=budgeted, edit=edit)
-                if refusal is not None:  # the user's other runs: this question stays pending
-                    metrics.observe_refusal(spec.key, "too_many_runs")
-                    await self._settle(admission, None, "refused", time.perf_counter())
-                    await surface.refuse(refusal)
-                    return RunOutcome("refused", owned=owned)
+                refused = await self._admitted(run, answering, budgeted=budgeted, edit=edit)
+                if refused is not None:
+                    return refused
                 try:
-                    if answering is not None:
-                        await surface.clear_prompt(answering)
-                    context = await self._measured(spec, context)
-                    try:
-                        config = await self._start_config(graph, spec, context.thread_id, start)
-                    except ThreadBusy:  # an edit overtaken by another run: nothing changes
-                        await self._settle(admission, None, "refused", time.perf_counter())
-                        await self._stopped(context.thread_id)
-                        raise
-                    if config is None:
-                        await self._settle(admission, None, "not_found", time.perf_counter())
-                        await self._stopped(context.thread_id)
-                        await surface.refuse(NOT_FOUND)
-                        return RunOutcome("not_found", owned=owned)
-                    if message_id is not None and self.fork_points is not None:
-                        # None: the thread's head, which this run (holding the lock) starts from.
-                        await self.fork_points.record(
-                            context.thread_id, message_id, checkpoint_id(config)
-                        )
-                    if on_fork is not None:  # the edit is on record: the chat may show it
-                        await on_fork()
-                    meter = self.usage.meter() if self.usage is not None else None
-                    started = time.perf_counter()
-                    # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
-                    try:
-                        with (
-                            metered(meter) if meter is not None else nullcontext(),
-                            limited(self.model_calls),
-                        ):
-                            outcome = await self._stream(
-                                surface, spec, graph, inputs, context, config, message_id=message_id
-                            )
-                    except asyncio.CancelledError:
-                        # The user's Stop; a lock lost to another run leaves it the row.
-                        await self._settle(admission, meter, "cancelled", started)
-                        if not self.locks.lost(context.thread_id):
-                            await self._stopped(context.thread_id)
-                        raise
-                    await self._settle(admission, meter, outcome.status, started)
-                    if self.journal is not None:
-                        await self._journal_finished(context.thread_id, outcome)
+                    refused = await self._started(run, answering, start, on_fork)
+                    if refused is not None:
+                        return refused
                 finally:
                     # However the run ended here, this worker stops beating it: a row left
                     # behind (Postgres away at the end, an error) is resumed by a sweep.
@@ -1017,18 +981,107 @@ class Runner:
             log.warning(
                 "run on thread %s stopped: database unavailable (%s)", context.thread_id, exc
             )
-            if outcome is None or outcome.status != "unavailable":  # not told yet
+            if run.outcome is None or run.outcome.status != "unavailable":  # not told yet
                 await surface.failed(
                     DATABASE_DOWN, thread_id=context.thread_id, message_id=message_id
                 )
             return RunOutcome("unavailable", owned=owned)
+        assert run.outcome is not None
+        return await self._delivered(run, run.outcome)
+
+    async def _admitted(
+        self, run: _Run, answering: str | None, *, budgeted: bool, edit: EditedMessage | None
+    ) -> RunOutcome | None:
+        """Under the lock: the question still waiting, the budgets' reservation and the run's
+        journal row; the refusal when any of them says no (the question stays pending)."""
+        spec, context, surface = run.spec, run.context, run.surface
+        # Checked again under the lock: two presses of one button, on two workers.
+        if (
+            answering is not None
+            and await self._pending(spec, context.thread_id, answering) is None
+        ):
+            await surface.refuse(ANSWERED)
+            return RunOutcome("refused", owned=run.owned)
+        admission = await self._admit(spec, context, budgeted=budgeted)
+        if isinstance(admission, str):  # over budget: the question stays pending
+            metrics.observe_refusal(spec.key, "budget")
+            await surface.refuse(admission)
+            return RunOutcome("refused", owned=run.owned)
+        run.admission = admission
+        refusal = await self._journal_started(spec, context, budgeted=budgeted, edit=edit)
+        if refusal is not None:  # the user's (or team's) other runs: this question stays pending
+            metrics.observe_refusal(spec.key, "too_many_runs")
+            await self._settle(admission, None, "refused", time.perf_counter())
+            await surface.refuse(refusal)
+            return RunOutcome("refused", owned=run.owned)
+        return None
+
+    async def _started(
+        self,
+        run: _Run,
+        answering: str | None,
+        start: StartFrom | None,
+        on_fork: Callable[[], Awaitable[None]] | None,
+    ) -> RunOutcome | None:
+        """The admitted run from its starting checkpoint to its end, metered and journalled
+        (run.outcome); the refusal when it cannot start (its fork point is gone)."""
+        spec, surface, admission = run.spec, run.surface, run.admission
+        thread_id = run.context.thread_id
+        if answering is not None:
+            await surface.clear_prompt(answering)
+        run.context = await self._measured(spec, run.context)
+        try:
+            config = await self._start_config(run.graph, spec, thread_id, start)
+        except ThreadBusy:  # an edit overtaken by another run: nothing changes
+            await self._settle(admission, None, "refused", time.perf_counter())
+            await self._stopped(thread_id)
+            raise
+        if config is None:
+            await self._settle(admission, None, "not_found", time.perf_counter())
+            await self._stopped(thread_id)
+            await surface.refuse(NOT_FOUND)
+            return RunOutcome("not_found", owned=run.owned)
+        if run.message_id is not None and self.fork_points is not None:
+            # None: the thread's head, which this run (holding the lock) starts from.
+            await self.fork_points.record(thread_id, run.message_id, checkpoint_id(config))
+        if on_fork is not None:  # the edit is on record: the chat may show it
+            await on_fork()
+        meter = run.meter = self.usage.meter() if self.usage is not None else None
+        started = time.perf_counter()
+        # Not in a `finally`: a worker stopped mid-run leaves the row for a live one.
+        try:
+            with metered(meter) if meter is not None else nullcontext(), limited(self.model_calls):
+                run.outcome = await self._stream(
+                    surface,
+                    spec,
+                    run.graph,
+                    run.inputs,
+                    run.context,
+                    config,
+                    message_id=run.message_id,
+                )
+        except asyncio.CancelledError:
+            # The user's Stop; a lock lost to another run leaves it the row.
+            await self._settle(admission, meter, "cancelled", started)
+            if not self.locks.lost(thread_id):
+                await self._stopped(thread_id)
+            raise
+        await self._settle(admission, meter, run.outcome.status, started)
+        if self.journal is not None:
+            await self._journal_finished(thread_id, run.outcome)
+        return None
+
+    async def _delivered(self, run: _Run, outcome: RunOutcome) -> RunOutcome:
+        """What a run that ended leaves: its usage shown and observed, its questions asked,
+        and (finished or paused) the agent's background jobs."""
         if outcome.status == "unavailable":
             return outcome
-        outcome.owned = owned
+        spec, surface, context, meter = run.spec, run.surface, run.context, run.meter
+        outcome.owned = run.owned
         if meter is not None:
             outcome.usage = meter.usage
             await surface.usage(meter.usage)
-            await self._observe(spec, graph, context, outcome.status, meter.usage)
+            await self._observe(spec, run.graph, context, outcome.status, meter.usage)
         for interrupt in outcome.interrupts:
             await surface.show_interrupt(
                 spec.interrupt_kind(interrupt.value), interrupt, context.thread_id

@@ -21,6 +21,7 @@ import socketio
 from psycopg.rows import dict_row
 
 from bench.login import sign_in
+from graphs.memory.gallery import TEAM_ROOT
 from graphs.memory.privacy import LEFTOVERS_SQL
 from graphs.memory.scoped import ROOT, user_label
 from tests.conftest import create_database
@@ -64,7 +65,7 @@ def leftovers(database_url: str, user: str, threads: list[str]) -> dict[str, int
     """Every table that holds user data (graphs.memory.privacy.LEFTOVERS_SQL), plus this
     test's own look at the tables by user and by thread."""
     label = user_label(user)
-    params = {"u": user, "t": threads, "roots": [f"{ROOT}.{label}", label]}
+    params = {"u": user, "t": threads, "roots": [f"{ROOT}.{label}", label], "team": TEAM_ROOT}
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         row = conn.execute(LEFTOVERS_SQL.replace("%%", "%"), params).fetchone()
         found = {key: int(value) for key, value in (row or {}).items()}
