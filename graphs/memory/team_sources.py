@@ -128,11 +128,11 @@ def public(source: SourceMemory) -> dict[str, Any]:
     }
 
 
-def source_namespace(context: Context | None) -> tuple[str, ...]:
+def source_namespace(context: object) -> tuple[str, ...]:
     """Where the run's orchestrator reads /memories/ from: its conversation's workspace's file,
-    else the user's own."""
-    if context is not None and context.workspace_id:
-        return team_namespace(context.workspace_id)
+    else the user's own (refused without a verified user)."""
+    if workspace_id := getattr(context, "workspace_id", None):
+        return team_namespace(workspace_id)
     return memory_namespace_for(getattr(context, "user_id", None))
 
 
