@@ -147,6 +147,36 @@ async function loadGallery() {
   if (!gallery.entries.length) $("gallery").append(el("li", "No approved plans yet.", "meta"));
 }
 
+function sourceRow(source, canDelete) {
+  const item = el("li");
+  item.append(el("div", source.source, "text"));
+  const shown = `${source.passed}/${source.total} quoted excerpts verified · last cited ${source.last}`;
+  item.append(el("div", shown, "meta"));
+  if (canDelete) {
+    const actions = el("div", undefined, "actions");
+    actions.append(
+      button(
+        "Delete",
+        async () => {
+          if (!window.confirm("Delete what the team learned about this source? It is not counted again from pages already read.")) return;
+          await api("DELETE", path(current.id, "sources", source.id));
+          say("Source rating deleted.");
+          await load();
+        },
+        "destructive",
+      ),
+    );
+    item.append(actions);
+  }
+  return item;
+}
+
+async function loadSources() {
+  const found = await api("GET", path(current.id, "sources"));
+  $("sources").replaceChildren(...found.sources.map((s) => sourceRow(s, found.can_delete)));
+  if (!found.sources.length) $("sources").append(el("li", "Nothing learned about sources yet.", "meta"));
+}
+
 function auditRow(entry) {
   const item = el("li");
   const who = entry.actor || "Cairn";
@@ -186,6 +216,7 @@ async function load() {
   $("invite-role").replaceChildren(...data.invitable.map((r) => new Option(r, r, false, r === "member")));
   $("team").hidden = current.personal;
   $("gallery-section").hidden = current.personal;
+  $("sources-section").hidden = current.personal;
   $("manage").hidden = current.personal || !["owner", "admin"].includes(current.role);
   if (current.personal) return;
   const details = await api("GET", path(current.id));
@@ -195,6 +226,7 @@ async function load() {
   const view = { manages, roles: data.roles, me: details.me };
   $("members").replaceChildren(...details.members.map((m) => memberRow(m, view)));
   await loadGallery();
+  await loadSources();
   if (!manages) return;
   const agents = $("review-agents");
   agents.querySelectorAll("label").forEach((label) => label.remove());

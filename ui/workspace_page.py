@@ -8,8 +8,9 @@ session of theirs on every worker at once (SessionRevocations.revoke: the cut-of
 Postgres and every worker hears it and closes their live connections); their team tokens stop
 working because token lookups check the membership. An admin sees members, invitations, usage
 and the audit log here, never anyone's conversations or memories; the team plan gallery's
-routes (ui/gallery_page.py) are part of this page. A member who leaves takes their goals out of
-the gallery: their entries stay only as anonymised steps.
+routes (ui/gallery_page.py) and the team's research source memory (ui/team_sources_page.py) are
+part of this page. A member who leaves takes their goals out of the gallery: their entries stay
+only as anonymised steps, and their conversations' source counts only unnamed.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from auth.workspaces import (
 from graphs.core.runs import TEAM_RUNS, team_cap
 from graphs.core.usage import TEAM_BUDGET, team_budget, team_month
 from graphs.memory.gallery import anonymise_author
+from graphs.memory.team_sources import anonymise_source_author
 from ui.gallery_page import build_router as build_gallery_router
 from ui.memory_page import Checked, DisplayName
 from ui.runtime import AppRuntime, Runtime
+from ui.team_sources_page import build_router as build_sources_router
 
 log = logging.getLogger("cairn.security")
 
@@ -426,9 +429,13 @@ def build_router() -> APIRouter:
         except WorkspaceRefused as exc:
             raise _refused(exc) from None
         if runtime.persistence is not None:  # what they leave behind in its gallery: steps only
-            await anonymise_author(runtime.persistence.store, user_id, workspace_id=workspace_id)
+            store = runtime.persistence.store
+            await anonymise_author(store, user_id, workspace_id=workspace_id)
+            # ... and in its source memory: their conversations' counts, unnamed.
+            await anonymise_source_author(store, user_id, workspace_id=workspace_id)
         return {"active": (await workspaces.active(user_id)).public()}
 
     router.include_router(build_gallery_router())
+    router.include_router(build_sources_router())
 
     return router

@@ -27,7 +27,7 @@ class Context:
     call_cost: float | None = None
     workspace_id: str | None = None
     """The team workspace the thread belongs to, from its stored record (None: personal). It
-    chooses the team plan gallery the run reads and writes."""
+    chooses the team plan gallery and the research source memory the run reads and writes."""
 
     def __post_init__(self) -> None:
         if not self.user_id or not self.thread_id:

@@ -168,7 +168,7 @@ class TeamGallery:
 
     async def _all(self) -> list[Any]:
         """The entries only: the search also matches the delete records beneath."""
-        return [i for i in await _search(self._store, self._namespace) if _is_entry(i)]
+        return [i for i in await search_prefix(self._store, self._namespace) if _is_entry(i)]
 
 
 async def plan_examples(runtime: Runtime[Context], goal: str) -> list[PastPlan]:
@@ -211,21 +211,22 @@ async def anonymise_author(
     """The author's entries in one workspace (they left it) or in all (their account is
     wiped), anonymised. Safe to run again."""
     prefix = (TEAM_ROOT, workspace_id) if workspace_id else (TEAM_ROOT,)
-    found = await _search(store, prefix, filter={"author": author})
+    found = await search_prefix(store, prefix, filter={"author": author})
     workspaces = sorted({str(i.namespace[1]) for i in found if _is_entry(i)})
     return sum([await TeamGallery(store, ws).anonymise(author) for ws in workspaces])
 
 
 async def forget_thread_entries(store: BaseStore, thread_id: str) -> int:
     """A deleted conversation takes its entries out of whichever gallery holds them."""
-    found = await _search(store, (TEAM_ROOT,), filter={"thread_id": thread_id})
+    found = await search_prefix(store, (TEAM_ROOT,), filter={"thread_id": thread_id})
     workspaces = sorted({str(i.namespace[1]) for i in found if _is_entry(i)})
     return sum([await TeamGallery(store, ws).forget_thread(thread_id) for ws in workspaces])
 
 
-async def _search(
+async def search_prefix(
     store: BaseStore, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None
 ) -> list[Any]:
+    """Every item under prefix (matching filter), read a page at a time."""
     found: list[Any] = []
     while batch := await store.asearch(prefix, filter=filter, limit=PAGE, offset=len(found)):
         found.extend(batch)

@@ -29,6 +29,7 @@ from graphs.memory.manage import forget_thread_memories
 from graphs.memory.plans import PlanMemory
 from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ROOT, ScopedMemory, user_label
+from graphs.memory.team_sources import anonymise_source_author, forget_thread_sources
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -92,7 +93,8 @@ SELECT
 """
 """Every table that holds a user's data. `roots`: the user's namespace roots in the store
 (`memories.<user>` for the assistant, `<user>` for research and planner memories); `team`:
-the root of every workspace's plan gallery, where no entry may still name the user."""
+the root of every workspace's plan gallery and source memory, where no row may still name the
+user as its `author`."""
 
 
 class SessionRevoker(Protocol):
@@ -220,8 +222,10 @@ class Privacy:
         await memory.drop_marker(thread_id)
         await PlanMemory(self.store, owner_id).forget_thread(thread_id)
         await forget_thread_entries(self.store, thread_id)  # and from a team's plan gallery
-        # Its source ratings: gone with what it taught, else kept without naming it.
+        # Its source ratings: gone with what it taught, else kept without naming it (the
+        # user's own, or its team's).
         await ResearchMemory(self.store, owner_id).forget_thread(thread_id, forget=forget)
+        await forget_thread_sources(self.store, thread_id, forget=forget)
         return forgotten
 
     # Retention -----------------------------------------------------------------------------
@@ -396,6 +400,10 @@ class Privacy:
         # Their approved plans stay in team galleries only as steps (graphs.memory.gallery).
         counts["gallery_anonymised"] = counts.get("gallery_anonymised", 0) + (
             await anonymise_author(self.store, user_id)
+        )
+        # Their conversations' counts stay in team source memories only unnamed.
+        counts["sources_anonymised"] = counts.get("sources_anonymised", 0) + (
+            await anonymise_source_author(self.store, user_id)
         )
         await self._step(report, "memories_deleted")
         async with self.pool.connection() as conn:

@@ -122,17 +122,28 @@ def source_id(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:32]
 
 
-class ResearchMemory:
-    """Store access for one user's research learnings; the namespace comes from identity only.
+class SourceRatings:
+    """Store access for one owner's research learnings: one file of ratings, the deletes that
+    keep a source from coming back, and the lock every change holds.
 
-    Every change is a read-modify-write of one item, so each holds the user's memory lock
+    Every change is a read-modify-write of one item, so each holds the owner's memory lock
     (graphs.memory.locks): a rating being recorded and a delete never interleave, on any worker.
+    The owner is a user (ResearchMemory) or a workspace (graphs.memory.team_sources); the
+    namespace is built by the subclass from identity only.
     """
 
-    def __init__(self, store: BaseStore, user_id: str, *, locks: UserLocks | None = None) -> None:
-        self.namespace = memory_namespace_for(user_id)
-        self.user_id = user_id
-        self._forgotten_ns = (*self.namespace[:2], TOMBSTONES)
+    def __init__(
+        self,
+        store: BaseStore,
+        namespace: tuple[str, ...],
+        *,
+        forgotten_ns: tuple[str, ...],
+        lock_key: str,
+        locks: UserLocks | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self._forgotten_ns = forgotten_ns
+        self._lock_key = lock_key
         self._store = store
         self._locks = locks or user_locks_for(store)
 
@@ -145,7 +156,7 @@ class ResearchMemory:
         return sorted(rated, key=lambda m: (-m.total, m.source))
 
     async def forgotten(self) -> dict[str, str]:
-        """Sources the user deleted, with when: {source: ISO time}."""
+        """Sources the owner deleted, with when: {source: ISO time}."""
         items = await self._store.asearch(self._forgotten_ns, limit=1000)
         return {str(i.value.get("source")): str(i.value.get("at", "")) for i in items}
 
@@ -157,20 +168,26 @@ class ResearchMemory:
         `fetched` is the thread's fetch log. Only sources it holds a page from are counted: a
         citation to a source never fetched is a model's invention, and its domain never enters
         memory, not even as a failure (a rating is evidence about pages really read). A source
-        the user deleted is not counted from pages this thread read before the delete."""
+        deleted (by the user, or a team's admin) is not counted from pages this thread read
+        before the delete."""
+        async with self._locks.hold(self._lock_key):
+            return await self._record_locked(result, fetched, thread_id=thread_id)
+
+    async def _record_locked(
+        self, result: CheckedReport, fetched: Iterable[FetchedPage], *, thread_id: str
+    ) -> str | None:
         records = list(fetched)
-        async with self._locks.hold(self.user_id):
-            current = await self._item()
-            evidence = _fresh(_evidence(current), datetime.now(UTC).date())
-            _add(evidence, result, records, thread_id=thread_id, forgotten=await self.forgotten())
-            if not evidence:
-                return None
-            return await self._write(evidence, current)
+        current = await self._item()
+        evidence = _fresh(_evidence(current), datetime.now(UTC).date())
+        _add(evidence, result, records, thread_id=thread_id, forgotten=await self.forgotten())
+        if not evidence:
+            return None
+        return await self._write(evidence, current)
 
     async def forget_source(self, ident: str) -> SourceMemory | None:
-        """Delete one source's rating (by `source_id`) and record that the user did; None if the
-        user has no such source (another user's id looks exactly alike)."""
-        async with self._locks.hold(self.user_id):
+        """Delete one source's rating (by `source_id`) and record that it was deleted; None if
+        the owner has no such source (another owner's id looks exactly alike)."""
+        async with self._locks.hold(self._lock_key):
             current = await self._item()
             evidence = _evidence(current)
             source = next((s for s in evidence if source_id(s) == ident), None)
@@ -180,24 +197,30 @@ class ResearchMemory:
             value = {"source": source, "at": now_iso()}
             await self._store.aput(self._forgotten_ns, ident, value, index=False)
             await self._replace(evidence, current)
-        log.info("research source memory deleted by its user user=%s", self.user_id)
+        log.info("research source memory deleted in %s", self.namespace[0])
         return gone
 
     async def forget_thread(self, thread_id: str, *, forget: bool) -> int:
         """A deleted conversation: its counts go too (`forget`), or stay unnamed. Returns how
         many sources changed."""
-        async with self._locks.hold(self.user_id):
-            current = await self._item()
-            evidence = _evidence(current)
-            touched = [s for s, e in evidence.items() if thread_id in e]
-            for source in touched:
+        async with self._locks.hold(self._lock_key):
+            return await self._drop_threads({thread_id}, forget=forget)
+
+    async def _drop_threads(self, threads: set[str], *, forget: bool) -> int:
+        """Under the lock: these conversations' counts removed (`forget`) or merged into the
+        unnamed ones. Returns how many sources changed."""
+        current = await self._item()
+        evidence = _evidence(current)
+        touched = [s for s, e in evidence.items() if threads & e.keys()]
+        for source in touched:
+            for thread_id in sorted(threads & evidence[source].keys()):
                 counts = evidence[source].pop(thread_id)
                 if not forget:
                     _merge(evidence[source], EARLIER, counts)
-                if not evidence[source]:
-                    del evidence[source]
-            if touched:
-                await self._replace(evidence, current)
+            if not evidence[source]:
+                del evidence[source]
+        if touched:
+            await self._replace(evidence, current)
         return len(touched)
 
     async def _item(self) -> Item | None:
@@ -220,6 +243,22 @@ class ResearchMemory:
         value["created_at"] = str(current.value.get("created_at", now)) if current else now
         await self._store.aput(self.namespace, SOURCES_KEY, value)
         return content
+
+
+class ResearchMemory(SourceRatings):
+    """One user's research learnings, under `(user, "research", "memories")`: the source memory
+    of their personal conversations. The namespace comes from the verified user id only."""
+
+    def __init__(self, store: BaseStore, user_id: str, *, locks: UserLocks | None = None) -> None:
+        namespace = memory_namespace_for(user_id)
+        super().__init__(
+            store,
+            namespace,
+            forgotten_ns=(*namespace[:2], TOMBSTONES),
+            lock_key=user_id,
+            locks=locks,
+        )
+        self.user_id = user_id
 
 
 def _evidence(item: Item | None) -> Evidence:

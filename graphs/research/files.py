@@ -15,8 +15,9 @@ from deepagents.backends.protocol import (
     WriteResult,
 )
 from langgraph.config import get_config
+from langgraph.runtime import get_runtime
 
-from graphs.memory.research import memory_namespace_for
+from graphs.memory.team_sources import source_namespace
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -37,8 +38,28 @@ class PathRefused(PermissionError):
 
 
 def research_memory_namespace(runtime: Runtime[Any] | None) -> tuple[str, ...]:
-    """`(user_id, "research", "memories")` from the run's verified context, never from arguments."""
-    return memory_namespace_for(getattr(getattr(runtime, "context", None), "user_id", None))
+    """From the run's verified context, never from arguments: the team's source memory in a
+    team conversation, else `(user_id, "research", "memories")` (graphs.memory.team_sources)."""
+    return source_namespace(getattr(runtime, "context", None))
+
+
+class MemoriesBackend(StoreBackend):
+    """/memories/ in the store, under the run's own research memory namespace.
+
+    deepagents checks a namespace factory's labels against a character set meant for raw ids,
+    which refuses Cairn's own labels: a team's root is "%team" and user_label writes "." and "%"
+    as "%2E"/"%25". Those labels are built here from the verified context only, and the store
+    checks them itself, so this backend takes the namespace as built."""
+
+    def __init__(self) -> None:
+        super().__init__(namespace=research_memory_namespace)
+
+    def _get_namespace(self) -> tuple[str, ...]:
+        try:
+            runtime: Runtime[Any] | None = get_runtime()
+        except (RuntimeError, KeyError):
+            runtime = None
+        return research_memory_namespace(runtime)
 
 
 def normalise_path(path: str) -> str:
@@ -187,10 +208,10 @@ class GuardedBackend(CompositeBackend):
 
 
 def orchestrator_backend() -> GuardedBackend:
-    """Per-thread files in graph state; /memories/ in the store under the user's namespace."""
+    """Per-thread files in graph state; /memories/ in the store under the run's namespace."""
     return GuardedBackend(
         StateBackend(),
-        {MEMORIES_DIR: StoreBackend(namespace=research_memory_namespace)},
+        {MEMORIES_DIR: MemoriesBackend()},
         role="orchestrator",
     )
 

@@ -22,8 +22,8 @@ from graphs.core.context import Context
 from graphs.core.nodes import bind, declare_subgraph, on_loop
 from graphs.core.ratelimit import Bucket
 from graphs.core.settings import Settings, get_settings
-from graphs.memory.research import ResearchMemory
 from graphs.memory.scoped import ScopedMemory
+from graphs.memory.team_sources import ratings_for
 from graphs.research.agents import (
     APPROVED_NOTES,
     Slots,
@@ -481,13 +481,15 @@ def delivered_report(
 async def remember_sources(
     result: Any, records: list[FetchRecord], runtime: Runtime[Context]
 ) -> None:
-    """After the check: how each source this thread fetched held up, for later research."""
+    """After the check: how each source this thread fetched held up, for later research, in
+    the conversation's workspace's source memory (a team's, or the user's own). A user who
+    turned their memory off has nothing recorded from their runs, in either."""
     context = runtime.context
     if runtime.store is None or context is None or not context.memory:
         return
     if not (await ScopedMemory(runtime.store, context.user_id).settings()).enabled:
         return
-    memory = ResearchMemory(runtime.store, context.user_id)
+    memory = ratings_for(runtime.store, context)
     await memory.record_check(result, records, thread_id=context.thread_id)
 
 

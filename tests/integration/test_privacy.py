@@ -320,7 +320,15 @@ async def test_wipe_leaves_nothing_even_with_a_job_mid_write_and_is_idempotent(
     again = await service.wipe_account(user)
     assert again.verified
     assert again.counts == dict.fromkeys(
-        ("jobs", "conversations", "memories", "gallery_anonymised", "tombstones"), 0
+        (
+            "jobs",
+            "conversations",
+            "memories",
+            "gallery_anonymised",
+            "sources_anonymised",
+            "tombstones",
+        ),
+        0,
     )
     assert (
         await scalar(db, "SELECT count(*) FROM cairn_wipes WHERE user_id = %s AND verified", user)

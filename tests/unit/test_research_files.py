@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from graphs.core.context import Context
 from graphs.memory.research import memory_problem
 from graphs.memory.scoped import MissingIdentity
 from graphs.research.files import (
@@ -89,6 +92,13 @@ def test_memory_namespace_comes_from_the_run_identity_only():
     assert research_memory_namespace(Runtime()) == ("alice", "research", "memories")
     with pytest.raises(MissingIdentity):
         research_memory_namespace(None)
+    # A team conversation reads its workspace's source memory, whoever asks.
+    team = Context(user_id="alice", thread_id="t", agent="research", workspace_id="w-1")
+    assert research_memory_namespace(SimpleNamespace(context=team)) == (
+        "%team",
+        "w-1",
+        "sources",
+    )
     # The researcher's backend has no route to the store at all.
     assert researcher_backend().routes == {}
     assert "/memories/" in orchestrator_backend().routes
