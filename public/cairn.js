@@ -124,7 +124,13 @@
   function friendlier(node) {
     const match = REFUSED.exec((node.nodeValue || "").trim());
     if (!match) return;
-    const kinds = match[1].split(", ").map((type) => KINDS[type] || type);
+    // The library lists MIME types and, when given, their extensions: name each kind once.
+    const listed = match[1].split(/,\s*/).map((type) => type.trim()).filter(Boolean);
+    const named = listed.filter((type) => KINDS[type]).map((type) => KINDS[type]);
+    const others = listed.filter(
+      (type) => !KINDS[type] && !named.some((kind) => kind.includes(`(${type})`))
+    );
+    const kinds = [...new Set([...named, ...others])];
     node.nodeValue =
       "Cairn cannot read that kind of file (images are not supported yet). You can attach " +
       kinds.join(", ") + ".";
