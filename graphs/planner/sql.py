@@ -18,7 +18,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from graphs.core.migrations import ANALYST_ROLE
+from graphs.planner.schema import ANALYST_ROLE
 
 if TYPE_CHECKING:
     from graphs.core.settings import Settings

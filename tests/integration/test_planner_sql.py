@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 
-from graphs.core.migrations import ANALYTICS_DEMO_SQL, DEMO_SCHEMA
+from graphs.planner.schema import ANALYTICS_DEMO_SQL, DEMO_SCHEMA
 from graphs.planner.sql import (
     AnalyticsDatabase,
     SqlFailure,

@@ -66,3 +66,29 @@ def test_every_script_is_there() -> None:
     assert "local_accounts" in by_id["0003_local_auth"]
     assert "procrastinate_jobs" in by_id["0004_procrastinate"]
     assert "research_fetch_log" in by_id["0007_research_fetch_log"]
+
+
+def test_each_layers_script_is_found_where_the_list_names_it() -> None:
+    # Named, not imported, by core: a renamed module or constant must fail here, not at start-up.
+    scripts = {m.id: m.script() for m in MIGRATIONS}
+    assert all(isinstance(s, str) and s.strip() for s in scripts.values())
+    assert '"Thread"' in scripts["0002_chainlit"]
+    assert "cairn_workspaces" in scripts["0112_workspaces"]
+
+
+def test_core_lists_the_layers_scripts_without_importing_the_layers() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, graphs.core.migrations; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('auth', 'ui')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
