@@ -164,5 +164,116 @@
     buttons[buttons.length - 1].click();
   });
 
+  // "Share" in a team conversation's header: a read-only link for the team (auth/shares.py).
+  // Shown only when the server says the conversation is the user's and belongs to a team.
+  const SHARE_ID = "cairn-share-conversation";
+  let shareChecked = null;
+  async function ensureShareButton() {
+    const threadId = currentThread();
+    const existing = document.getElementById(SHARE_ID);
+    const header = document.getElementById("header");
+    if (!threadId || !header) {
+      if (existing) existing.remove();
+      shareChecked = null;
+      return;
+    }
+    if (shareChecked === threadId) return;
+    shareChecked = threadId;
+    if (existing) existing.remove();
+    const response = await fetch(
+      "/api/threads/" + encodeURIComponent(threadId) + "/sharing",
+      { credentials: "same-origin" }
+    ).catch(() => null);
+    const data = response && response.ok ? await response.json().catch(() => null) : null;
+    if (!data || !data.shareable || currentThread() !== threadId) return;
+    const button = document.createElement("button");
+    button.id = SHARE_ID;
+    button.type = "button";
+    button.className = "cairn-header-button";
+    button.title = "Share with your team";
+    const icon = document.createElement("span");
+    icon.className = "cairn-icon cairn-icon-share";
+    icon.setAttribute("aria-hidden", "true");
+    const label = document.createElement("span");
+    label.className = "cairn-label";
+    label.textContent = "Share";
+    button.append(icon, label);
+    button.addEventListener("click", () => openShareDialog(threadId, data.shares));
+    (header.lastElementChild || header).prepend(button);
+  }
+
+  function openShareDialog(threadId, existing) {
+    const dialog = document.createElement("dialog");
+    dialog.className = "cairn-dialog";
+    dialog.id = "cairn-share-dialog";
+    const title = document.createElement("h2");
+    title.textContent = "Share this conversation with your team?";
+    const text = document.createElement("p");
+    text.textContent =
+      "Members of the team who sign in can read it; nobody else. Memory notes, recall details " +
+      "and attachments stay hidden unless you include them. You can revoke the link on the " +
+      "Memory & data page.";
+    const options = document.createElement("div");
+    const boxes = {};
+    for (const [key, name] of [
+      ["memory_notes", "Include memory notes"],
+      ["attachments", "Include attachments"],
+    ]) {
+      const label = document.createElement("label");
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      boxes[key] = box;
+      label.append(box, " " + name);
+      options.append(label, document.createElement("br"));
+    }
+    const link = document.createElement("p");
+    link.className = "cairn-share-link";
+    if (existing && existing.length) link.textContent = "Already shared: " + location.origin + existing[0];
+    const error = document.createElement("p");
+    error.className = "cairn-error";
+    const actions = document.createElement("div");
+    actions.className = "cairn-dialog-actions";
+    const close = document.createElement("button");
+    close.type = "button";
+    close.textContent = "Close";
+    close.addEventListener("click", () => dialog.remove());
+    const share = document.createElement("button");
+    share.type = "button";
+    share.textContent = "Share";
+    share.addEventListener("click", async () => {
+      share.disabled = true;
+      error.textContent = "";
+      try {
+        const response = await fetch("/api/threads/" + encodeURIComponent(threadId) + "/shares", {
+          method: "POST",
+          credentials: "same-origin",
+          headers: { "Content-Type": "application/json", "X-Cairn-Request": "1" },
+          body: JSON.stringify({
+            audience: "workspace",
+            include: {
+              memory_notes: boxes.memory_notes.checked,
+              attachments: boxes.attachments.checked,
+            },
+          }),
+        });
+        const made = await response.json().catch(() => ({}));
+        if (!response.ok) throw new Error(made.detail || "The conversation could not be shared.");
+        const url = location.origin + made.url;
+        link.textContent = "Shared. Link: " + url;
+        shareChecked = null;
+        navigator.clipboard?.writeText(url).catch(() => {});
+      } catch (e) {
+        error.textContent = e.message;
+      } finally {
+        share.disabled = false;
+      }
+    });
+    actions.append(close, share);
+    dialog.append(title, text, options, link, error, actions);
+    document.body.append(dialog);
+    dialog.showModal();
+  }
+
   window.setInterval(ensureButton, 500);
+  window.setInterval(() => ensureShareButton().catch(() => {}), 1000);
 })();

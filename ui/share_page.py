@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from auth.identity import CurrentUserId, flag_client_identity
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.ownership import NOT_FOUND as THREAD_NOT_FOUND
-from auth.ownership import ThreadNotFound
+from auth.ownership import ThreadNotFound, require_owner
 from auth.shares import (
     MAX_MEMBERS,
     Include,
@@ -176,6 +176,19 @@ async def list_shares(user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any
         )
         listed.append(share_json(share, names, members))
     return {"shares": listed}
+
+
+@router.get("/api/threads/{thread_id}/sharing")
+async def sharing(thread_id: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:
+    """Whether the owner may share this conversation (it belongs to a team) and its live
+    shares: what the chat header's Share button needs. Someone else's id: the 404 of a
+    missing conversation."""
+    try:
+        owned = await require_owner(runtime.pool, thread_id=thread_id, user_id=user_id)
+    except ThreadNotFound:
+        raise HTTPException(status_code=404, detail=THREAD_NOT_FOUND) from None
+    mine = [s for s in await _shares(runtime).owned(user_id) if s.thread_id == thread_id]
+    return {"shareable": owned.workspace_id is not None, "shares": [s.url for s in mine]}
 
 
 @router.post("/api/threads/{thread_id}/shares", dependencies=[Checked])

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from auth.oauth import LOCAL_PROVIDER_ID
 from auth.workspaces import MEMBER, Workspaces
 from graphs.core.persistence import make_pool
-from tests.e2e.conftest import login
+from tests.e2e.conftest import login, wait_until_connected
 from ui.memory_page import REQUEST_HEADER
 
 pytestmark = pytest.mark.e2e
@@ -137,3 +137,35 @@ def test_a_shared_conversation_opens_for_a_teammate_and_is_missing_for_anyone_el
     ]
     alice.context.close()
     bob.context.close()
+
+
+def test_the_chat_header_shares_a_team_conversation_and_not_a_personal_one(app_server, browser):
+    url = app_server.database_url
+    carol = login(browser, app_server, "carol")
+    say(carol, "a personal note to self", "You said: a personal note to self")
+    carol.wait_for_url(THREAD_URL)
+    carol.wait_for_timeout(2500)  # the header asks the server once the conversation is open
+    expect(carol.locator("#cairn-share-conversation")).to_have_count(0)
+
+    carol_id = user_id(url, "carol")
+
+    async def team_of_one(workspaces: Workspaces) -> None:
+        team = await workspaces.create(carol_id, "Header team")
+        await workspaces.switch(carol_id, team.workspace_id)
+
+    in_postgres(url, team_of_one)
+    carol.goto(app_server.url)
+    wait_until_connected(carol)
+    say(carol, "a team plan worth reading", "You said: a team plan worth reading")
+    carol.wait_for_url(THREAD_URL)
+    share = carol.locator("#cairn-share-conversation")
+    expect(share).to_be_visible(timeout=10_000)
+    share.click()
+    carol.locator("#cairn-share-dialog").get_by_role("button", name="Share").click()
+    link = carol.locator(".cairn-share-link")
+    expect(link).to_contain_text("Shared. Link: ")
+    shared = str(link.text_content()).split("Link: ")[1].strip()
+    page = carol.context.new_page()
+    page.goto(shared)
+    expect(page.get_by_text("a team plan worth reading").first).to_be_visible()
+    carol.context.close()
