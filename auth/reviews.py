@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.security")
 
+DECIDED_CHANNEL = "cairn_review_decided"
+"""Postgres NOTIFY channel: a review was decided (payload: its id), for the worker where the
+requester has the conversation open to tell them (ui/recovery.announce_decisions)."""
 SETTING = "review"
 """cairn_workspaces.settings["review"]: {agent key: True} for the agents whose plans wait."""
 DECISIONS = ("approve", "edit", "reject")
@@ -123,6 +126,8 @@ class Reviews:
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self.carrying: set[str] = set()
+        """Reviews this worker is carrying out now (it tells the requester itself)."""
 
     async def required(self, workspace_id: str | None, agent: str) -> bool:
         """Whether a plan of `agent` in that workspace waits for a reviewer (never in a
@@ -257,6 +262,7 @@ class Reviews:
                     raise AlreadyDecided(str(seen["status"]))
                 log.warning("refused: review %s by %s", review_id[:40], reviewer.user_id)
                 raise ReviewNotFound
+            await conn.execute("SELECT pg_notify(%s, %s)", (DECIDED_CHANNEL, review_id))
             await audit(
                 conn,
                 reviewer.workspace_id,
@@ -266,6 +272,23 @@ class Reviews:
                 detail={"review": review_id, "agent": str(row["agent"])},
             )
         return _review(row)
+
+    async def decided_one(self, review_id: str) -> tuple[Review, str] | None:
+        """A decided review and its reviewer's name, for telling its requester (a worker
+        that heard DECIDED_CHANNEL); None when it is gone or not decided."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT r.*, coalesce(m.display_name, 'A member') AS requester_name, "
+                "coalesce(d.display_name, 'a reviewer') AS reviewer_name FROM cairn_reviews r "
+                "JOIN cairn_workspace_members m ON m.workspace_id = r.workspace_id "
+                "AND m.user_id = r.requester_id AND m.disabled_at IS NULL "
+                "LEFT JOIN cairn_workspace_members d ON d.workspace_id = r.workspace_id "
+                "AND d.user_id = r.decided_by "
+                "WHERE r.id = %s AND r.status IN ('approve', 'edit', 'reject')",
+                (review_id,),
+            )
+            row = await cur.fetchone()
+        return (_review(row), str(row["reviewer_name"])) if row is not None else None
 
     async def applied(self, review: Review) -> None:
         """The decided run was resumed (or its question was no longer waiting): done."""

@@ -8,7 +8,6 @@ every chat event.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -16,13 +15,13 @@ from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Any
 
 import jwt
-from psycopg import AsyncConnection
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from graphs.core import fence
 from graphs.core.errors import is_database_outage
+from graphs.core.notify import listen_forever
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -111,21 +110,13 @@ class SessionRevocations:
         the cached look and call on_ended(user_id) / on_signed_out(session_key) (this worker
         ends those live connections). A lost connection is opened again; anything missed
         meanwhile is still enforced in Postgres, and the cache forgets it within its 2 s."""
-        while True:
-            try:
-                conninfo = self._pool.conninfo  # the app's pools are built from a URL string
-                assert isinstance(conninfo, str)
-                conn = await AsyncConnection.connect(conninfo, autocommit=True)
-                async with conn:
-                    await conn.execute(f"LISTEN {fence.ENDED_CHANNEL}")
-                    await conn.execute(f"LISTEN {SIGNED_OUT_CHANNEL}")
-                    async for notice in conn.notifies():
-                        await self._heard(notice.channel, notice.payload, on_ended, on_signed_out)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("listening for ended sessions failed (%s); trying again", exc)
-            await asyncio.sleep(1.0)
+
+        async def heard(channel: str, payload: str) -> None:
+            await self._heard(channel, payload, on_ended, on_signed_out)
+
+        await listen_forever(
+            self._pool, (fence.ENDED_CHANNEL, SIGNED_OUT_CHANNEL), heard, what="ended sessions"
+        )
 
     async def _heard(
         self,

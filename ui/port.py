@@ -49,6 +49,11 @@ class ChatPort(Protocol):
         reconnects on its own, to a live worker); how many there were."""
         ...
 
+    async def tell_live(self, *, thread_id: str, user_id: str, text: str) -> bool:
+        """A passing notice (not stored) in the user's open chat of that conversation on this
+        worker; False when they have none open here. Call it in a task of its own."""
+        ...
+
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         """The user's open chat of that conversation on this worker, as the surface a resumed
         run streams into; None when they have none open here."""

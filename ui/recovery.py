@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from auth.reviews import DECIDED_CHANNEL
 from graphs.core import fence
+from graphs.core.notify import listen_forever
 from ui.surface import HeadlessSurface
 
 if TYPE_CHECKING:
@@ -120,6 +123,45 @@ async def carry_out(
     if outcome.status != "busy":  # busy: the first attempt still runs; the sweep looks again
         await reviews.applied(review)
     return outcome
+
+
+def note_for(review: Review, reviewer_name: str) -> str:
+    """What the requester is told about a decision: who, what and when."""
+    when = (review.decided_at or datetime.now(UTC)).astimezone(UTC)
+    verb = DECIDED.get(review.status, review.status)
+    return f"{verb} by {reviewer_name} (reviewer) on {when:%Y-%m-%d %H:%M} UTC."
+
+
+FOLLOW = " The plan goes on: reload this conversation to follow it."
+
+
+async def announce_decisions(reviews: Reviews, chat: ChatPort) -> None:
+    """Until cancelled: each reviewer's decision, told to its requester in their open chat on
+    this worker (a passing notice; the stored conversation has the decision's line and the
+    run's reply, written by the worker that carries it out). Not on the worker carrying it
+    out: that one streams the run into the requester's chat itself."""
+    telling: set[asyncio.Task[None]] = set()
+
+    async def tell(review_id: str) -> None:
+        if review_id in reviews.carrying:
+            return
+        found = await reviews.decided_one(review_id)
+        if found is None:
+            return
+        review, name = found
+        await chat.tell_live(
+            thread_id=review.thread_id,
+            user_id=review.requester_id,
+            text=note_for(review, name) + FOLLOW,
+        )
+
+    async def heard(_channel: str, payload: str) -> None:
+        # Its own task: telling enters the requester's chat session as the current context.
+        task = asyncio.create_task(tell(payload[:100]))
+        telling.add(task)
+        task.add_done_callback(telling.discard)
+
+    await listen_forever(reviews.pool, (DECIDED_CHANNEL,), heard, what="review decisions")
 
 
 async def recover_forever(

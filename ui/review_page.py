@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,10 +20,10 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth.identity import CurrentUserId
-from auth.reviews import AlreadyDecided, Review, ReviewNotFound, Reviews
+from auth.reviews import AlreadyDecided, ReviewNotFound, Reviews
 from auth.workspaces import REVIEWER, Membership, WorkspaceNotFound
 from ui.memory_page import Checked, DisplayName
-from ui.recovery import DECIDED, carry_out
+from ui.recovery import carry_out, note_for
 from ui.runtime import AppRuntime, Runtime
 
 log = logging.getLogger("cairn.security")
@@ -58,15 +57,9 @@ async def _reviewer(runtime: AppRuntime, user_id: str) -> Membership:
     return active
 
 
-def note_for(review: Review, reviewer_name: str) -> str:
-    """What the requester's conversation says about the decision: who, what and when."""
-    when = (review.decided_at or datetime.now(UTC)).astimezone(UTC)
-    verb = DECIDED.get(review.status, review.status)
-    return f"{verb} by {reviewer_name} (reviewer) on {when:%Y-%m-%d %H:%M} UTC."
-
-
-def _finished(task: asyncio.Task[Any]) -> None:
+def _finished(task: asyncio.Task[Any], reviews: Reviews, review_id: str) -> None:
     _carrying.discard(task)
+    reviews.carrying.discard(review_id)
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.error("carrying out a review decision failed", exc_info=exc)
 
@@ -112,11 +105,12 @@ def build_router() -> APIRouter:
             if exc.status == "withdrawn":
                 detail = "The requester changed or withdrew this plan; it is no longer waiting."
             raise HTTPException(status_code=409, detail=detail) from None
+        reviews.carrying.add(review.id)
         task = asyncio.create_task(
             carry_out(runtime.runner, runtime.port, reviews, review, note_for(review, name))
         )
         _carrying.add(task)
-        task.add_done_callback(_finished)
+        task.add_done_callback(lambda done: _finished(done, reviews, review.id))
         return {"review": review.public()}
 
     return router

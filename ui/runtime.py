@@ -36,7 +36,7 @@ from graphs.memory.jobs import MemoryJobs
 from graphs.memory.privacy import Privacy, finish_wipes_forever
 from ui.agents import AGENTS
 from ui.mcp_server import token_scopes
-from ui.recovery import recover_forever
+from ui.recovery import announce_decisions, recover_forever
 from ui.runner import PostgresThreads, Runner
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ async def start(runtime: AppRuntime) -> None:
     runtime.memory_jobs = await _start_memory_jobs(runtime, persistence)
     assert runtime.run_locks is not None
     assert runtime.revocations is not None
+    assert runtime.reviews is not None
     journal = runtime.journal = RunJournal(runtime.pool)
     runtime._runner = Runner(
         agents=runtime.agents,
@@ -197,6 +198,9 @@ async def start(runtime: AppRuntime) -> None:
     )
     runtime.background += [
         asyncio.create_task(heartbeat_forever(journal), name="cairn-run-heartbeat"),
+        asyncio.create_task(
+            announce_decisions(runtime.reviews, runtime.port), name="cairn-review-decided"
+        ),
         asyncio.create_task(
             recover_forever(runtime.runner, runtime.port, runtime.reviews),
             name="cairn-run-recovery",

@@ -103,3 +103,85 @@ def test_a_reviewer_approves_a_members_plan_and_the_run_goes_on(app_server, brow
     assert actions.index("review.approve") < actions.index("review.requested")  # newest first
     for page in (alice, bob, carol):
         page.context.close()
+
+
+@pytest.fixture(scope="module")
+def two_workers(pg_server_url: str):
+    """Two workers on one database, each with its own data folder, sharing the auth secret."""
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    from tests.conftest import create_database
+    from tests.e2e.conftest import AppServer
+
+    url = create_database(pg_server_url)
+    secret = secrets.token_urlsafe(48)
+    with (
+        tempfile.TemporaryDirectory(prefix="cairn-rv1-") as one,
+        tempfile.TemporaryDirectory(prefix="cairn-rv2-") as two,
+    ):
+        servers = [
+            AppServer(database_url=url, data_dir=Path(d), extra_env={"CAIRN_AUTH_SECRET": secret})
+            for d in (one, two)
+        ]
+        try:
+            for server in servers:  # one after the other: the first creates the schema
+                server.start()
+            yield servers
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def test_a_decision_on_another_worker_is_told_in_the_requesters_open_chat(
+    two_workers, browser
+) -> None:
+    here, there = two_workers
+    alice = login(browser, here, "alice")
+    with _api(alice, here) as api:
+        team = api.post("/api/workspaces", json={"name": "Ops"}).json()["active"]["id"]
+        saved = api.post(f"/api/workspaces/{team}/settings", json={"review": {"planner": True}})
+        assert saved.status_code == 200
+        member = api.post(f"/api/workspaces/{team}/invites", json={"role": "member"}).json()
+        reviewer = api.post(f"/api/workspaces/{team}/invites", json={"role": "reviewer"}).json()
+    bob = login(browser, here, "bob")
+    carol = login(browser, there, "carol")
+    for page, server, invite in ((bob, here, member), (carol, there, reviewer)):
+        with _api(page, server) as api:
+            assert (
+                api.post("/api/workspaces/join", json={"code": invite["code"]}).status_code == 200
+            )
+
+    bob.goto(here.url)
+    wait_until_connected(bob)
+    bob.locator("#chat-profiles").click()
+    bob.locator('[data-test="select-item:Planner"]').click()
+    wait_until_connected(bob)
+    bob.locator("#chat-input").fill(GOAL)
+    bob.keyboard.press("Enter")
+    expect(bob.get_by_text("this one is in the reviewers' queue").last).to_be_visible(
+        timeout=60_000
+    )
+    bob.wait_for_url(THREAD_URL)
+
+    # Carol decides on the other worker; Bob's open chat here hears of it at once.
+    with _api(carol, there) as api:
+        [pending] = api.get("/api/reviews").json()["pending"]
+        decided = api.post(f"/api/reviews/{pending['id']}/decide", json={"decision": "approve"})
+        assert decided.status_code == 200
+    expect(bob.get_by_text("reload this conversation to follow it").last).to_be_visible(
+        timeout=20_000
+    )
+    expect(bob.get_by_text("Approved by carol (reviewer) on").last).to_be_visible()
+    # The run went on on the other worker, into the stored conversation.
+    for _ in range(30):
+        bob.reload()
+        bob.locator("#chat-input").wait_for()
+        if bob.get_by_text("Here is what the plan found").count():
+            break
+        bob.wait_for_timeout(2000)
+    expect(bob.get_by_text("Here is what the plan found").last).to_be_visible()
+    expect(bob.get_by_text("Approved by carol (reviewer) on").last).to_be_visible()
+    for page in (alice, bob, carol):
+        page.context.close()

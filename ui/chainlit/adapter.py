@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chainlit.context import context as chainlit_context
 from fastapi import HTTPException
 
 from graphs.core.runlock import ThreadBusy
@@ -112,6 +113,12 @@ class ChainlitChat:
 
     async def reconnect_elsewhere(self) -> int:
         return await close_all_transports()
+
+    async def tell_live(self, *, thread_id: str, user_id: str, text: str) -> bool:
+        if not enter_live_session(thread_id=thread_id, user_id=user_id):
+            return False
+        await chainlit_context.emitter.send_toast(text, "info")
+        return True
 
     def live_surface(self, *, thread_id: str, user_id: str) -> Surface | None:
         if not enter_live_session(thread_id=thread_id, user_id=user_id):
