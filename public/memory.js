@@ -2,42 +2,7 @@
 // (never innerHTML), so a stored fact cannot inject markup.
 "use strict";
 
-const HEADERS = { "Content-Type": "application/json", "X-Cairn-Request": "1" };
 let state = null;
-
-const $ = (id) => document.getElementById(id);
-
-function say(text, isError = false) {
-  const status = $("status");
-  status.textContent = text;
-  status.classList.toggle("error", isError);
-}
-
-async function api(method, url, body) {
-  const response = await fetch(url, {
-    method,
-    headers: HEADERS,
-    credentials: "same-origin",
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (response.status === 401) {
-    window.location.href = "/login";
-    throw new Error("Please sign in again.");
-  }
-  const data = await response.json().catch(() => ({}));
-  if (!response.ok) {
-    const detail = typeof data.detail === "string" ? data.detail : "Something went wrong.";
-    throw new Error(detail);
-  }
-  return data;
-}
-
-function el(tag, text, className) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = text;
-  if (className) node.className = className;
-  return node;
-}
 
 function when(iso) {
   if (!iso) return "";

@@ -1,39 +1,7 @@
 // The workspaces page. Server values go in with textContent only (never innerHTML).
 "use strict";
 
-const HEADERS = { "Content-Type": "application/json", "X-Cairn-Request": "1" };
-const $ = (id) => document.getElementById(id);
 let current = null;
-
-function say(text, isError = false) {
-  $("status").textContent = text;
-  $("status").classList.toggle("error", isError);
-}
-
-async function api(method, url, body) {
-  const response = await fetch(url, {
-    method,
-    headers: HEADERS,
-    credentials: "same-origin",
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (response.status === 401) {
-    window.location.href = "/login";
-    throw new Error("Please sign in again.");
-  }
-  const data = await response.json().catch(() => ({}));
-  if (!response.ok) {
-    throw new Error(typeof data.detail === "string" ? data.detail : "Something went wrong.");
-  }
-  return data;
-}
-
-function el(tag, text, className) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = text;
-  if (className) node.className = className;
-  return node;
-}
 
 function button(text, onClick, className) {
   const node = el("button", text, className);

@@ -11,35 +11,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 
 from auth.identity import CurrentUserId
-from auth.workspaces import MANAGERS, Membership, WorkspaceNotFound, Workspaces, http_refusal
+from auth.workspaces import MANAGERS, Membership, http_refusal
 from graphs.memory.gallery import TeamGallery
 from ui.memory_page import ITEM_ID, Checked
 from ui.runtime import AppRuntime, Runtime
+from ui.team_access import started_workspaces, team_member
 
 log = logging.getLogger("cairn.security")
 
 
-def _workspaces(runtime: AppRuntime) -> Workspaces:
-    if runtime.workspaces is None or runtime.persistence is None:
-        raise HTTPException(status_code=503, detail="Cairn is still starting")
-    return runtime.workspaces
-
-
 async def _team(runtime: AppRuntime, user_id: str, workspace_id: str, *roles: str) -> Membership:
-    """The caller's live team membership holding one of roles, else the 404 of a missing one."""
-    try:
-        found = await _workspaces(runtime).require(user_id, workspace_id, *roles)
-    except WorkspaceNotFound:
-        log.warning(
-            "refused or missing: user %s asked for the gallery of %s", user_id, workspace_id
-        )
-        raise http_refusal() from None
-    if found.personal:
-        raise http_refusal()
-    return found
+    return await team_member(runtime, user_id, workspace_id, *roles, what="gallery")
 
 
 def _gallery(runtime: AppRuntime, workspace_id: str) -> TeamGallery:
@@ -66,7 +51,7 @@ async def delete_entry(
     if deleted is None:
         log.warning("refused or missing: gallery entry in %s asked by %s", workspace_id, user_id)
         raise http_refusal()
-    await _workspaces(runtime).record(
+    await started_workspaces(runtime).record(
         mine.workspace_id, user_id, "gallery.deleted", detail={"key": key}
     )
     return {"deleted": key}

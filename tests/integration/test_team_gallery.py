@@ -101,18 +101,22 @@ async def team_with(workspaces: Workspaces, owner: str, *members: str, role: str
 
 
 async def context_in(
-    persistence: Persistence, workspaces: Workspaces, user: str, workspace: str | None
+    persistence: Persistence,
+    workspaces: Workspaces,
+    user: str,
+    workspace: str | None,
+    agent: str = "planner",
 ) -> Context:
-    """A new Planner conversation of user's in workspace (None: personal), as the turn runner
-    builds its context: the workspace is the thread's stored one."""
+    """A new conversation of user's with `agent` in workspace (None: personal), as the turn
+    runner builds its context: the workspace is the thread's stored one."""
     if workspace is None:
         await workspaces.switch(user, (await workspaces.personal(user)).workspace_id)
     else:
         await workspaces.switch(user, workspace)
     thread = f"thread-{uuid.uuid4()}"
-    owned = await claim_thread(persistence.pool, thread_id=thread, user_id=user, agent="planner")
+    owned = await claim_thread(persistence.pool, thread_id=thread, user_id=user, agent=agent)
     assert owned.workspace_id == workspace
-    return Context(user_id=user, thread_id=thread, agent="planner", workspace_id=owned.workspace_id)
+    return Context(user_id=user, thread_id=thread, agent=agent, workspace_id=owned.workspace_id)
 
 
 def config(ctx: Context) -> dict[str, Any]:

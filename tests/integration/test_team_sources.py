@@ -5,35 +5,25 @@ unnamed when they leave or wipe."""
 from __future__ import annotations
 
 import re
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx
 import pytest
-from fastapi import FastAPI
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
-from auth import identity
-from auth.ownership import claim_thread
-from auth.sessions import SessionRevocations
-from auth.workspaces import ADMIN, MEMBER, Membership, Workspaces
+from auth.workspaces import ADMIN, Membership, Workspaces
 from graphs.core.context import Context
 from graphs.core.offline import Turn
 from graphs.core.persistence import Persistence
-from graphs.core.settings import Settings
 from graphs.memory.gallery import TEAM_ROOT
 from graphs.memory.privacy import Privacy
 from graphs.memory.research import MAX_SOURCES, SOURCES_KEY, ResearchMemory, source_id
 from graphs.memory.team_sources import TeamSources
 from graphs.research.offline import OfflineResearchModel
+from tests.integration import test_team_gallery as team_tests
 from tests.integration.test_agent_memories import Checked, Citation, page
 from tests.integration.test_privacy import chainlit_thread
 from tests.integration.test_research_graph import QUESTION, graph_for
-from ui.runtime import current_runtime
-from ui.workspace_page import build_router
 
 pytestmark = pytest.mark.integration
 
@@ -41,76 +31,25 @@ PAGE = {"x-cairn-request": "1", "origin": "http://test"}
 MEMORY_FILE = "/memories/source_reliability.md"
 MISSING = (404, '{"detail":"Workspace not found"}')
 
-
-def new_user() -> str:
-    return f"user-{uuid.uuid4().hex[:8]}"
-
-
-@dataclass
-class Runtime:
-    """What the workspace page reads from the worker's start-up (ui/runtime.AppRuntime)."""
-
-    settings: Settings
-    persistence: Persistence
-    workspaces: Workspaces
-    public_url: str = "http://test"
-    revocations: Any = None
-
-
-@pytest.fixture(scope="module")
-def workspaces(persistence: Persistence) -> Workspaces:
-    return Workspaces(persistence.pool)
-
-
-@pytest.fixture(scope="module")
-def privacy(persistence: Persistence) -> Privacy:
-    return Privacy(
-        pool=persistence.pool,
-        store=persistence.store,
-        checkpointer=persistence.checkpointer,
-        memory_jobs=None,
-        revocations=SessionRevocations(persistence.pool),
-        default_retention_days=365,
-    )
-
-
-@pytest.fixture(scope="module")
-def runtime(persistence: Persistence, workspaces: Workspaces) -> Runtime:
-    return Runtime(Settings(data_dir=Path("/nonexistent")), persistence, workspaces)
-
-
-def client_as(runtime: Runtime, user_id: str) -> httpx.AsyncClient:
-    app = FastAPI()
-    app.include_router(build_router())
-    app.dependency_overrides[current_runtime] = lambda: runtime
-    app.dependency_overrides[identity._session_claims] = lambda: {"identifier": user_id}
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-
-
-async def team_with(workspaces: Workspaces, owner: str, *members: str, role: str = MEMBER):
-    team = await workspaces.create(owner, f"Team {uuid.uuid4().hex[:6]}")
-    for member in members:
-        code, _ = await workspaces.invite(team, role)
-        await workspaces.accept(member, code)
-    return team
+# The gallery's tests set up teams the same way: their helpers and module fixtures, by name.
+Runtime = team_tests.Runtime
+client_as = team_tests.client_as
+new_user = team_tests.new_user
+team_with = team_tests.team_with
+gallery_context = team_tests.context_in
+workspaces = team_tests.workspaces
+privacy = team_tests.privacy
+runtime = team_tests.runtime
 
 
 async def context_in(
     persistence: Persistence, workspaces: Workspaces, user: str, workspace: str | None
 ) -> Context:
-    """A new Research conversation of user's in workspace (None: personal), as the turn runner
-    builds its context: the workspace is the thread's stored one."""
-    if workspace is None:
-        await workspaces.switch(user, (await workspaces.personal(user)).workspace_id)
-    else:
-        await workspaces.switch(user, workspace)
-    thread = f"thread-{uuid.uuid4()}"
-    owned = await claim_thread(persistence.pool, thread_id=thread, user_id=user, agent="research")
-    assert owned.workspace_id == workspace
-    await chainlit_thread(persistence, user, thread)
-    return Context(
-        user_id=user, thread_id=thread, agent="research", workspace_id=owned.workspace_id
-    )
+    """A new Research conversation of user's in workspace (None: personal), with its row in
+    Chainlit's tables."""
+    ctx = await gallery_context(persistence, workspaces, user, workspace, agent="research")
+    await chainlit_thread(persistence, user, ctx.thread_id)
+    return ctx
 
 
 class MemoryReadingModel(OfflineResearchModel):
