@@ -83,6 +83,24 @@ function inviteRow(invite) {
   return item;
 }
 
+// A Delete button for a manager: asks first, then reloads the page's lists.
+function deleteButton(question, route, done) {
+  const actions = el("div", undefined, "actions");
+  actions.append(
+    button(
+      "Delete",
+      async () => {
+        if (!window.confirm(question)) return;
+        await api("DELETE", route);
+        say(done);
+        await load();
+      },
+      "destructive",
+    ),
+  );
+  return actions;
+}
+
 function galleryRow(entry, canDelete) {
   const item = el("li");
   item.append(el("div", entry.goal, "text"));
@@ -91,28 +109,15 @@ function galleryRow(entry, canDelete) {
   item.append(steps);
   item.append(el("div", `${entry.outcome} · by a member · ${when(entry.at)}`, "meta"));
   if (canDelete) {
-    const actions = el("div", undefined, "actions");
-    actions.append(
-      button(
-        "Delete",
-        async () => {
-          if (!window.confirm("Delete this plan from the team's gallery? It is not shown again.")) return;
-          await api("DELETE", path(current.id, "gallery", entry.key));
-          say("Plan deleted from the gallery.");
-          await load();
-        },
-        "destructive",
+    item.append(
+      deleteButton(
+        "Delete this plan from the team's gallery? It is not shown again.",
+        path(current.id, "gallery", entry.key),
+        "Plan deleted from the gallery.",
       ),
     );
-    item.append(actions);
   }
   return item;
-}
-
-async function loadGallery() {
-  const gallery = await api("GET", path(current.id, "gallery"));
-  $("gallery").replaceChildren(...gallery.entries.map((e) => galleryRow(e, gallery.can_delete)));
-  if (!gallery.entries.length) $("gallery").append(el("li", "No approved plans yet.", "meta"));
 }
 
 function sourceRow(source, canDelete) {
@@ -121,29 +126,34 @@ function sourceRow(source, canDelete) {
   const shown = `${source.passed}/${source.total} quoted excerpts verified · last cited ${source.last}`;
   item.append(el("div", shown, "meta"));
   if (canDelete) {
-    const actions = el("div", undefined, "actions");
-    actions.append(
-      button(
-        "Delete",
-        async () => {
-          if (!window.confirm("Delete what the team learned about this source? It is not counted again from pages already read.")) return;
-          await api("DELETE", path(current.id, "sources", source.id));
-          say("Source rating deleted.");
-          await load();
-        },
-        "destructive",
+    item.append(
+      deleteButton(
+        "Delete what the team learned about this source? It is not counted again from pages already read.",
+        path(current.id, "sources", source.id),
+        "Source rating deleted.",
       ),
     );
-    item.append(actions);
   }
   return item;
 }
 
-async function loadSources() {
-  const found = await api("GET", path(current.id, "sources"));
-  $("sources").replaceChildren(...found.sources.map((s) => sourceRow(s, found.can_delete)));
-  if (!found.sources.length) $("sources").append(el("li", "Nothing learned about sources yet.", "meta"));
+// A list of the team's (the gallery, the sources) with its empty line.
+async function loadList(id, route, key, row, empty) {
+  const found = await api("GET", route);
+  $(id).replaceChildren(...found[key].map((item) => row(item, found.can_delete)));
+  if (!found[key].length) $(id).append(el("li", empty, "meta"));
 }
+
+const loadGallery = () =>
+  loadList("gallery", path(current.id, "gallery"), "entries", galleryRow, "No approved plans yet.");
+const loadSources = () =>
+  loadList(
+    "sources",
+    path(current.id, "sources"),
+    "sources",
+    sourceRow,
+    "Nothing learned about sources yet.",
+  );
 
 function auditRow(entry) {
   const item = el("li");
