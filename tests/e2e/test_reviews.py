@@ -101,6 +101,20 @@ def test_a_reviewer_approves_a_members_plan_and_the_run_goes_on(app_server, brow
         team = api.get("/api/workspaces").json()["active"]["id"]
         actions = [e["action"] for e in api.get(f"/api/workspaces/{team}/audit").json()["entries"]]
     assert actions.index("review.approve") < actions.index("review.requested")  # newest first
+
+    # The approved plan is now the team's example: every member sees it, without its author;
+    # only the owner (or an admin) deletes it.
+    carol.goto(f"{app_server.url}/workspace")
+    entry = carol.locator("#gallery li", has_text="by a member")
+    expect(entry).to_be_visible()
+    expect(entry.get_by_role("button", name="Delete")).to_have_count(0)
+    alice.goto(f"{app_server.url}/workspace")
+    entry = alice.locator("#gallery li", has_text="by a member")
+    expect(entry).to_contain_text("churn")
+    alice.once("dialog", lambda dialog: dialog.accept())
+    entry.get_by_role("button", name="Delete").click()
+    expect(alice.get_by_text("Plan deleted from the gallery.")).to_be_visible()
+    expect(alice.locator("#gallery")).to_contain_text("No approved plans yet.")
     for page in (alice, bob, carol):
         page.context.close()
 
