@@ -274,6 +274,14 @@
     dialog.showModal();
   }
 
+  // The server ended this session (signed out elsewhere, disabled in a team, account wiped):
+  // Chainlit relays its last word to the page as a window message; go to the sign-in page
+  // rather than sit on a chat that can no longer connect.
+  window.addEventListener("message", (event) => {
+    if (event.origin !== window.location.origin || event.source !== window) return;
+    if (event.data && event.data.cairn === "signed_out") window.location.replace("/login");
+  });
+
   window.setInterval(ensureButton, 500);
   window.setInterval(() => ensureShareButton().catch(() => {}), 1000);
 })();

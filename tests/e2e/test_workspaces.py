@@ -142,6 +142,8 @@ def test_a_team_is_made_joined_managed_and_walled_off(app_server, browser) -> No
     expect(member).to_be_visible()
     member.get_by_role("button", name="Disable").click()
     expect(alice.get_by_text("is disabled; their sessions ended.")).to_be_visible()
+    # His open tab loses its connection at once and lands on the sign-in page.
+    expect(bob).to_have_url(re.compile(r"/login"), timeout=30_000)
     with _api(bob, app_server) as api:
         assert api.get("/api/workspaces").status_code == 401
 

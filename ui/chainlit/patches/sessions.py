@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from chainlit.context import context as chainlit_context
 from chainlit.context import init_ws_context
@@ -65,6 +65,19 @@ async def stoppable(work: Awaitable[T]) -> T | None:
         return None
 
 
+SIGNED_OUT = {"cairn": "signed_out"}
+"""Told to a chat whose session ended, before its connection closes: Chainlit relays a
+window_message to the page (window.parent.postMessage), where public/cairn.js takes the tab
+to the sign-in page. A connection that is only closed would sit on a dead chat."""
+
+
+async def _end(sio: Any, socket_id: str) -> None:
+    try:
+        await sio.emit("window_message", SIGNED_OUT, to=socket_id)
+    finally:
+        await sio.disconnect(socket_id)
+
+
 async def disconnect_user_sockets(user_id: str) -> int:
     """End this worker's live chat connections of the user; returns how many.
 
@@ -77,7 +90,7 @@ async def disconnect_user_sockets(user_id: str) -> int:
     ended = 0
     for session in sessions:
         if getattr(session.user, "identifier", None) == user_id:
-            await sio.disconnect(session.socket_id)
+            await _end(sio, session.socket_id)
             ended += 1
     return ended
 
@@ -91,7 +104,7 @@ async def disconnect_session_sockets(key: bytes) -> int:
     ended = 0
     for session in sessions:
         if session.token and session_key(session.token) == key:
-            await sio.disconnect(session.socket_id)
+            await _end(sio, session.socket_id)
             ended += 1
     return ended
 
