@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -125,11 +126,17 @@ async def carry_out(
     return outcome
 
 
-def note_for(review: Review, reviewer_name: str) -> str:
-    """What the requester is told about a decision: who, what and when."""
+_MARKDOWN = re.compile(r"([\\`*_\[\]()#<>!|~])")
+
+
+def note_for(review: Review, reviewer_name: str, *, markdown: bool = True) -> str:
+    """What the requester is told about a decision: who, what and when. The name is the
+    reviewer's own (from their sign-in): escaped where it becomes a chat message's Markdown,
+    so it reads as the name and never as a link or markup."""
     when = (review.decided_at or datetime.now(UTC)).astimezone(UTC)
     verb = DECIDED.get(review.status, review.status)
-    return f"{verb} by {reviewer_name} (reviewer) on {when:%Y-%m-%d %H:%M} UTC."
+    name = _MARKDOWN.sub(r"\\\1", reviewer_name) if markdown else reviewer_name
+    return f"{verb} by {name} (reviewer) on {when:%Y-%m-%d %H:%M} UTC."
 
 
 FOLLOW = " The plan goes on: reload this conversation to follow it."
@@ -152,7 +159,7 @@ async def announce_decisions(reviews: Reviews, chat: ChatPort) -> None:
         await chat.tell_live(
             thread_id=review.thread_id,
             user_id=review.requester_id,
-            text=note_for(review, name) + FOLLOW,
+            text=note_for(review, name, markdown=False) + FOLLOW,
         )
 
     async def heard(_channel: str, payload: str) -> None:
