@@ -218,6 +218,7 @@ async function load() {
     label.append(box, ` ${agent.profile}`);
     agents.append(label);
   }
+  $("retention-days").value = details.retention_days ?? "";
   const invites = details.invites || [];
   $("invites").replaceChildren(...invites.map(inviteRow));
   if (!invites.length) $("invites").append(el("li", "No invitations waiting.", "meta"));
@@ -276,6 +277,24 @@ $("invite-form").addEventListener("submit", async (event) => {
     $("new-invite-link").textContent = made.link;
     $("new-invite").hidden = false;
     say(`Invitation for a ${made.role} made.`);
+    await load();
+  } catch (error) {
+    say(error.message, true);
+  }
+});
+
+$("retention-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const value = $("retention-days").value;
+  try {
+    const saved = await api("POST", path(current.id, "retention"), {
+      days: value === "" ? null : Number(value),
+    });
+    say(
+      saved.retention_days
+        ? `The team's inactive conversations are deleted after ${saved.retention_days} days.`
+        : "Each member's own retention applies to the team's conversations.",
+    );
     await load();
   } catch (error) {
     say(error.message, true);

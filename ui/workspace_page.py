@@ -39,6 +39,7 @@ from auth.workspaces import (
 from graphs.core.runs import TEAM_RUNS, team_cap
 from graphs.core.usage import TEAM_BUDGET, team_budget, team_month
 from graphs.memory.gallery import anonymise_author
+from graphs.memory.privacy import TEAM_RETENTION
 from graphs.memory.team_sources import anonymise_source_author
 from ui.gallery_page import build_router as build_gallery_router
 from ui.memory_page import Checked, DisplayName
@@ -133,6 +134,13 @@ def reviewable_agents(runtime: AppRuntime) -> list[dict[str, str]]:
         for spec in runtime.agents
         if any(kind.reviewable for kind in spec.interrupts)
     ]
+
+
+class RetentionBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    days: Annotated[int, Field(ge=1, le=3650, strict=True)] | None
+    """Days a team conversation may stay inactive before it is deleted; null: each member's own
+    setting."""
 
 
 class DisableBody(BaseModel):
@@ -262,6 +270,7 @@ def build_router() -> APIRouter:
                 "agents": reviewable_agents(runtime),
                 "required": dict(settings.get(REVIEW_SETTING) or {}),
             }
+            shown["retention_days"] = settings.get(TEAM_RETENTION)
             shown["invites"] = [
                 {
                     "id": row["id"],
@@ -419,6 +428,16 @@ def build_router() -> APIRouter:
             else await workspaces.settings(workspace_id)
         )
         return team_limits(saved)
+
+    @router.post("/api/workspaces/{workspace_id}/retention", dependencies=[Checked])
+    async def set_retention(
+        workspace_id: str, body: RetentionBody, user_id: CurrentUserId, runtime: Runtime
+    ) -> dict[str, Any]:
+        """How long the team's inactive conversations are kept (graphs.memory.privacy
+        apply_retention: never longer than a member's own window; null: theirs)."""
+        mine = await _membership(runtime, user_id, workspace_id, manage=True)
+        saved = await _workspaces(runtime).update_settings(mine, {TEAM_RETENTION: body.days})
+        return {"retention_days": saved.get(TEAM_RETENTION)}
 
     @router.post("/api/workspaces/{workspace_id}/leave", dependencies=[Checked])
     async def leave(workspace_id: str, user_id: CurrentUserId, runtime: Runtime) -> dict[str, Any]:

@@ -127,6 +127,11 @@ class WipeReport:
         return not any(self.leftovers.values())
 
 
+TEAM_RETENTION = "retention_days"
+"""cairn_workspaces.settings: days after which the team's inactive conversations are deleted
+(at most a member's own window; null: each member's own)."""
+
+
 class Privacy:
     def __init__(
         self,
@@ -247,14 +252,19 @@ class Privacy:
             )
 
     async def apply_retention(self) -> int:
-        """Delete every conversation inactive for longer than its owner's window."""
+        """Delete every conversation inactive for longer than its window: its owner's, or in a
+        team the shorter of that and the team's (TEAM_RETENTION, set by the team's managers;
+        a malformed value counts as none)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT t.thread_id, t.owner_id FROM cairn_threads t "
                 "LEFT JOIN cairn_retention r ON r.user_id = t.owner_id "
-                "WHERE t.last_active_at < now() - make_interval(days => COALESCE(r.days, %s)) "
+                "LEFT JOIN cairn_workspaces w ON w.id = t.workspace_id "
+                "WHERE t.last_active_at < now() - make_interval(days => LEAST("
+                "COALESCE(r.days, %(days)s), CASE WHEN w.settings ->> %(key)s ~ '^[0-9]{1,4}$' "
+                "THEN (w.settings ->> %(key)s)::int END)) "
                 "ORDER BY t.last_active_at LIMIT 500",
-                (self.default_retention_days,),
+                {"days": self.default_retention_days, "key": TEAM_RETENTION},
             )
             expired = [(row["thread_id"], row["owner_id"]) for row in await cur.fetchall()]
         deleted = 0

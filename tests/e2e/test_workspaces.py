@@ -46,6 +46,7 @@ def _refused_like_missing(api: httpx.Client, team: str) -> None:
         ("POST", "/invites", {"role": "member"}),
         ("POST", "/members/x/role", {"role": "owner"}),
         ("POST", "/members/x/disable", {"disabled": True}),
+        ("POST", "/retention", {"days": 1}),
         ("POST", "/leave", None),
     ]:
         theirs = api.request(method, f"/api/workspaces/{team}{route}", json=body)
@@ -75,6 +76,13 @@ def test_a_team_is_made_joined_managed_and_walled_off(app_server, browser) -> No
     other = _create_team(alice, "Back office")
     team = _create_team(alice, "Field team")
     assert other != team
+
+    alice.locator("#retention-days").fill("30")
+    alice.get_by_role("button", name="Save retention").click()
+    expect(alice.get_by_text("inactive conversations are deleted after 30 days")).to_be_visible()
+    with _api(alice, app_server) as api:
+        too_long = api.post(f"/api/workspaces/{team}/retention", json={"days": 99999})
+        assert too_long.status_code == 422
 
     alice.locator("#invite-role").select_option("member")
     alice.get_by_role("button", name="Make an invitation").click()
@@ -113,6 +121,7 @@ def test_a_team_is_made_joined_managed_and_walled_off(app_server, browser) -> No
             ("/invites", {"role": "admin"}),
             ("/members/x/role", {"role": "owner"}),
             ("/members/x/disable", {"disabled": True}),
+            ("/retention", {"days": 1}),
         ]:
             mine = api.post(f"/api/workspaces/{team}{route}", json=body)
             missing = api.post(f"/api/workspaces/{MADE_UP}{route}", json=body)

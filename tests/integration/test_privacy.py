@@ -247,6 +247,43 @@ async def test_retention_deletes_only_conversations_past_their_window(
     assert await service.apply_retention() == 0
 
 
+async def test_a_teams_retention_deletes_its_conversations_sooner_and_only_its_own(
+    db: Persistence, graph: Any, privacy: tuple[Privacy, Any]
+) -> None:
+    from auth.workspaces import Workspaces, personal_id
+    from graphs.memory.privacy import TEAM_RETENTION
+
+    service, _ = privacy
+    workspaces = Workspaces(db.pool)
+    member, patient = new_id("member"), new_id("patient")
+    strict = await workspaces.create(member, "Short memory")
+    relaxed = await workspaces.create(patient, "Long memory")
+    await workspaces.update_settings(strict, {TEAM_RETENTION: 3})
+    await workspaces.update_settings(relaxed, {TEAM_RETENTION: "not a number"})
+    await workspaces.switch(member, strict.workspace_id)
+    team_old = await conversation(db, graph, member, "team hello")
+    team_new = await conversation(db, graph, member, "team hello again")
+    await workspaces.switch(member, personal_id(member))
+    personal_old = await conversation(db, graph, member, "personal hello")
+    await workspaces.switch(patient, relaxed.workspace_id)
+    malformed_old = await conversation(db, graph, patient, "hello")
+    async with db.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE cairn_threads SET last_active_at = now() - interval '5 days' "
+            "WHERE thread_id = ANY(%s)",
+            ([team_old, personal_old, malformed_old],),
+        )
+
+    assert await service.apply_retention() == 1
+
+    assert not any((await thread_rows(db, team_old)).values())
+    assert (await thread_rows(db, team_new))["checkpoints"]
+    # The member's own window (the server's 365 days) keeps their personal conversation, and a
+    # malformed team value counts as none instead of stopping the job.
+    assert (await thread_rows(db, personal_old))["checkpoints"]
+    assert (await thread_rows(db, malformed_old))["checkpoints"]
+
+
 async def test_wipe_leaves_nothing_even_with_a_job_mid_write_and_is_idempotent(
     db: Persistence, graph: Any, privacy: tuple[Privacy, Any]
 ) -> None:
