@@ -198,11 +198,11 @@
     label.className = "cairn-label";
     label.textContent = "Share";
     button.append(icon, label);
-    button.addEventListener("click", () => openShareDialog(threadId, data.shares));
+    button.addEventListener("click", () => openShareDialog(threadId, data.shares, data.members || []));
     (header.lastElementChild || header).prepend(button);
   }
 
-  function openShareDialog(threadId, existing) {
+  function openShareDialog(threadId, existing, members) {
     const dialog = document.createElement("dialog");
     dialog.className = "cairn-dialog";
     dialog.id = "cairn-share-dialog";
@@ -226,6 +226,22 @@
       label.append(box, " " + name);
       options.append(label, document.createElement("br"));
     }
+    // With whom: the whole team, or the members ticked here.
+    const audience = document.createElement("fieldset");
+    const legend = document.createElement("legend");
+    legend.textContent = "Share with (none ticked: the whole team)";
+    audience.append(legend);
+    const chosen = [];
+    for (const member of members) {
+      const label = document.createElement("label");
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.value = member.user_id;
+      chosen.push(box);
+      label.append(box, " " + member.name);
+      audience.append(label, document.createElement("br"));
+    }
+    if (members.length) options.append(audience);
     const link = document.createElement("p");
     link.className = "cairn-share-link";
     if (existing && existing.length) link.textContent = "Already shared: " + location.origin + existing[0];
@@ -249,7 +265,8 @@
           credentials: "same-origin",
           headers: { "Content-Type": "application/json", "X-Cairn-Request": "1" },
           body: JSON.stringify({
-            audience: "workspace",
+            audience: chosen.some((box) => box.checked) ? "members" : "workspace",
+            members: chosen.filter((box) => box.checked).map((box) => box.value),
             include: {
               memory_notes: boxes.memory_notes.checked,
               attachments: boxes.attachments.checked,

@@ -188,7 +188,18 @@ async def sharing(thread_id: str, user_id: CurrentUserId, runtime: Runtime) -> d
     except ThreadNotFound:
         raise HTTPException(status_code=404, detail=THREAD_NOT_FOUND) from None
     mine = [s for s in await _shares(runtime).owned(user_id) if s.thread_id == thread_id]
-    return {"shareable": owned.workspace_id is not None, "shares": [s.url for s in mine]}
+    members: list[dict[str, str]] = []
+    if owned.workspace_id is not None and runtime.workspaces is not None:
+        members = [
+            {"user_id": str(row["user_id"]), "name": str(row["display_name"] or "A member")}
+            for row in await runtime.workspaces.members(owned.workspace_id)
+            if row["disabled_at"] is None and row["user_id"] != user_id
+        ]
+    return {
+        "shareable": owned.workspace_id is not None,
+        "shares": [s.url for s in mine],
+        "members": members,
+    }
 
 
 @router.post("/api/threads/{thread_id}/shares", dependencies=[Checked])

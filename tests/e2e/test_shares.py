@@ -147,13 +147,15 @@ def test_the_chat_header_shares_a_team_conversation_and_not_a_personal_one(app_s
     carol.wait_for_timeout(2500)  # the header asks the server once the conversation is open
     expect(carol.locator("#cairn-share-conversation")).to_have_count(0)
 
-    carol_id = user_id(url, "carol")
+    carol_id, bob_id = user_id(url, "carol"), user_id(url, "bob")
 
-    async def team_of_one(workspaces: Workspaces) -> None:
+    async def team_with_bob(workspaces: Workspaces) -> None:
         team = await workspaces.create(carol_id, "Header team")
         await workspaces.switch(carol_id, team.workspace_id)
+        code, _ = await workspaces.invite(team, MEMBER)
+        await workspaces.accept(bob_id, code, display_name="bob")
 
-    in_postgres(url, team_of_one)
+    in_postgres(url, team_with_bob)
     carol.goto(app_server.url)
     wait_until_connected(carol)
     say(carol, "a team plan worth reading", "You said: a team plan worth reading")
@@ -161,11 +163,25 @@ def test_the_chat_header_shares_a_team_conversation_and_not_a_personal_one(app_s
     share = carol.locator("#cairn-share-conversation")
     expect(share).to_be_visible(timeout=10_000)
     share.click()
-    carol.locator("#cairn-share-dialog").get_by_role("button", name="Share").click()
+    dialog = carol.locator("#cairn-share-dialog")
+    dialog.get_by_label("bob").check()  # with a named member, not the whole team
+    dialog.get_by_role("button", name="Share").click()
     link = carol.locator(".cairn-share-link")
     expect(link).to_contain_text("Shared. Link: ")
     shared = str(link.text_content()).split("Link: ")[1].strip()
-    page = carol.context.new_page()
-    page.goto(shared)
-    expect(page.get_by_text("a team plan worth reading").first).to_be_visible()
-    carol.context.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        audience = conn.execute(
+            "SELECT s.audience, array_agg(m.user_id) FROM cairn_thread_shares s "
+            "JOIN cairn_thread_share_members m ON m.share_id = s.id "
+            "WHERE s.id = %s GROUP BY s.audience",
+            (shared.rsplit("/", 1)[1],),
+        ).fetchone()
+    assert audience == ("members", [bob_id])
+    bob = login(browser, app_server, "bob")
+    bob.goto(shared)
+    expect(bob.get_by_text("a team plan worth reading").first).to_be_visible()
+    alice = login(browser, app_server, "alice")  # not in the team
+    alice.goto(shared)
+    expect(alice.get_by_text("Shared conversation not found")).to_be_visible()
+    for page in (alice, bob, carol):
+        page.context.close()
