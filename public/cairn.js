@@ -19,21 +19,27 @@
       return;
     }
     if (existing) return;
+    headerButton(header, BUTTON_ID, "Delete conversation", "Delete conversation", "trash", openDialog);
+  }
+
+  // A button at the start of the header's right-hand group: an icon, and a label that a
+  // phone's width hides (public/cairn.css) but screen readers and the tooltip keep.
+  function headerButton(header, id, text, title, icon, onClick) {
     const button = document.createElement("button");
-    button.id = BUTTON_ID;
+    button.id = id;
     button.type = "button";
     button.className = "cairn-header-button";
-    button.title = "Delete conversation";
-    const icon = document.createElement("span");
-    icon.className = "cairn-icon cairn-icon-trash";
-    icon.setAttribute("aria-hidden", "true");
+    button.title = title;
+    const mark = document.createElement("span");
+    mark.className = "cairn-icon cairn-icon-" + icon;
+    mark.setAttribute("aria-hidden", "true");
     const label = document.createElement("span");
     label.className = "cairn-label";
-    label.textContent = "Delete conversation";
-    button.append(icon, label);
-    button.addEventListener("click", openDialog);
-    const right = header.lastElementChild || header;
-    right.prepend(button);
+    label.textContent = text;
+    button.append(mark, label);
+    button.addEventListener("click", onClick);
+    (header.lastElementChild || header).prepend(button);
+    return button;
   }
 
   function openDialog() {
@@ -186,20 +192,9 @@
     ).catch(() => null);
     const data = response && response.ok ? await response.json().catch(() => null) : null;
     if (!data || !data.shareable || currentThread() !== threadId) return;
-    const button = document.createElement("button");
-    button.id = SHARE_ID;
-    button.type = "button";
-    button.className = "cairn-header-button";
-    button.title = "Share with your team";
-    const icon = document.createElement("span");
-    icon.className = "cairn-icon cairn-icon-share";
-    icon.setAttribute("aria-hidden", "true");
-    const label = document.createElement("span");
-    label.className = "cairn-label";
-    label.textContent = "Share";
-    button.append(icon, label);
-    button.addEventListener("click", () => openShareDialog(threadId, data.shares, data.members || []));
-    (header.lastElementChild || header).prepend(button);
+    headerButton(header, SHARE_ID, "Share", "Share with your team", "share", () =>
+      openShareDialog(threadId, data.shares, data.members || [])
+    );
   }
 
   function openShareDialog(threadId, existing, members) {
